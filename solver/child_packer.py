@@ -1,0 +1,237 @@
+"""Greedy child layout of one parent: node-local children of 1/2/4/8 ranks, balanced.
+
+For a target sparse-layer time ``Z`` the packer places samples heaviest first, into the fullest
+open child that stays under ``Z``, else into a new child of the smallest size that can take the
+sample under ``Z`` (small children pay less all-to-all). Child ranks come from a buddy allocator
+per node, so every child is contiguous and aligned. Children whose buddy block stayed free are
+then doubled while that shortens them. A bisection on ``Z`` finds the tightest packing; the
+unrepacked layout is always a candidate, so the result is never slower than the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.layout import Child, Parent, unrepacked
+from solver.problem import Problem
+
+BISECTION_STEPS = 8
+INITIAL_SLACK = 0.02
+MAX_GROWTHS = 12
+
+
+@dataclass
+class _OpenChild:
+    start: int
+    size: int
+    sparse_s: float
+    tokens: int
+    samples: list[int]
+
+
+class _Buddy:
+    """Free aligned blocks of one node segment."""
+
+    def __init__(self, start: int, size: int) -> None:
+        self.free: list[tuple[int, int]] = [(start, size)]
+
+    def take(self, size: int) -> int | None:
+        fitting = [b for b in self.free if b[1] >= size]
+        if not fitting:
+            return None
+        block = min(fitting, key=lambda b: (b[1], b[0]))
+        self.free.remove(block)
+        start, have = block
+        while have > size:
+            have //= 2
+            self.free.append((start + have, have))
+        return start
+
+    def smallest_fit(self, size: int) -> int | None:
+        return min((b[1] for b in self.free if b[1] >= size), default=None)
+
+    def take_exact(self, block: tuple[int, int]) -> bool:
+        if block in self.free:
+            self.free.remove(block)
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class ChildSolution:
+    parent: Parent
+    seconds: float
+
+
+class ChildPacker:
+    """Packs the members of one parent; reusable across targets."""
+
+    def __init__(self, problem: Problem, start: int, size: int, members: Sequence[int]) -> None:
+        self.p = problem
+        self.start, self.size = start, size
+        self.members = sorted(members, key=lambda s: (-problem.work_s[s], s))
+        g = problem.cost.gpus_per_node
+        seg = min(size, g)
+        self.segments = [(start + o, seg) for o in range(0, size, seg)]
+        self.sizes = [k for k in problem.child_sizes if k <= seg]
+        self.full_s = sum(problem.full_s[s] for s in members)
+
+    # --- evaluation ---------------------------------------------------------------------
+    def child_s(self, size: int, sparse: float, tokens: int) -> float:
+        return child_layer_seconds(self.p.cost, size, sparse, tokens)
+
+    def parent_s(self, children: Sequence[_OpenChild]) -> float:
+        cost = self.p.cost
+        m = max((ceil_div(c.tokens, c.size) for c in children), default=0)
+        z = max((self.child_s(c.size, c.sparse_s, c.tokens) for c in children), default=0.0)
+        full = full_layer_seconds(cost, self.size, self.full_s, m)
+        return cost.full_layers * full + cost.sparse_layers * z
+
+    def lower_bounds(self) -> tuple[float, int]:
+        """No child layout beats this sparse-layer time nor this busiest-rank token count.
+
+        The first is every rank busy with no all-to-all, or the slowest member alone in its best
+        child; the second is the even spread, or that member's share of its best child.
+        """
+        p = self.p
+        z = sum(p.work_s[s] for s in self.members) / self.size
+        m = ceil_div(sum(p.tokens[s] for s in self.members), self.size)
+        for s in self.members:
+            options = [
+                (self.child_s(k, p.sparse_s[s], p.tokens[s]), ceil_div(p.tokens[s], k))
+                for k in self.sizes
+                if p.tokens[s] <= p.capacity(k)
+            ]
+            if not options:
+                return math.inf, m
+            t, n = min(options)
+            z, m = max(z, t), max(m, n)
+        return z, m
+
+    # --- packing ------------------------------------------------------------------------
+    def pack(self, z: float, mcap: int) -> list[_OpenChild] | None:
+        """Children with sparse-layer time <= z and at most ``mcap`` tokens on any rank."""
+        p = self.p
+        mcap = min(mcap, p.cost.max_tokens_per_rank)
+        buddies = [_Buddy(s, n) for s, n in self.segments]
+        children: list[_OpenChild] = []
+        for s in self.members:
+            length, sparse = p.tokens[s], p.sparse_s[s]
+            best, best_t = None, -1.0
+            for c in children:
+                tokens = c.tokens + length
+                if tokens > c.size * mcap:
+                    continue
+                t = self.child_s(c.size, c.sparse_s + sparse, tokens)
+                if best_t < t <= z:
+                    best, best_t = c, t
+            if best is None:
+                best = self._open(buddies, children, length, sparse, z, mcap)
+                if best is None:
+                    return None
+            best.tokens += length
+            best.sparse_s += sparse
+            best.samples.append(s)
+        self._grow(buddies, children)
+        return children + [
+            _OpenChild(b[0], b[1], 0.0, 0, []) for buddy in buddies for b in buddy.free
+        ]
+
+    def _open(
+        self, buddies: list[_Buddy], children: list[_OpenChild], length: int, sparse: float,
+        z: float, mcap: int,
+    ) -> _OpenChild | None:
+        for k in self.sizes:
+            if length > k * mcap or self.child_s(k, sparse, length) > z:
+                continue
+            fits = [(b.smallest_fit(k), i) for i, b in enumerate(buddies)]
+            options = [(f, i) for f, i in fits if f is not None]
+            if not options:
+                continue
+            _, i = min(options)
+            start = buddies[i].take(k)
+            assert start is not None
+            child = _OpenChild(start, k, 0.0, 0, [])
+            children.append(child)
+            return child
+        return None
+
+    def _grow(self, buddies: list[_Buddy], children: list[_OpenChild]) -> None:
+        """Double the slowest child into its free buddy block while that shortens it."""
+        seg_of = {s: i for i, (s, _) in enumerate(self.segments)}
+        seg_size = self.segments[0][1]
+        while children:
+            c = max(children, key=lambda c: (self.child_s(c.size, c.sparse_s, c.tokens), -c.start))
+            if 2 * c.size > seg_size or 2 * c.size not in self.sizes:
+                return
+            base = c.start - (c.start - self.start) % seg_size
+            offset = c.start - base
+            buddy = (base + (offset ^ c.size), c.size)
+            now = self.child_s(c.size, c.sparse_s, c.tokens)
+            if self.child_s(2 * c.size, c.sparse_s, c.tokens) >= now:
+                return
+            if not buddies[seg_of[base]].take_exact(buddy):
+                return
+            c.start, c.size = min(c.start, buddy[0]), 2 * c.size
+
+    # --- search -------------------------------------------------------------------------
+    def to_parent(self, children: Sequence[_OpenChild]) -> Parent:
+        ordered = sorted(children, key=lambda c: c.start)
+        return Parent(
+            self.start,
+            self.size,
+            tuple(Child(c.start, c.size, tuple(c.samples)) for c in ordered),
+        )
+
+    def solve(self, target: float | None = None) -> ChildSolution:
+        """Best packing found by bisecting a common slack on both bounds (or a single pack
+        sized for ``target`` seconds if that meets it)."""
+        p = self.p
+        base = unrepacked(self.start, self.size, self.members)
+        sparse = sum(p.sparse_s[s] for s in self.members)
+        tokens = sum(p.tokens[s] for s in self.members)
+        best = ChildSolution(
+            base, self.parent_s([_OpenChild(self.start, self.size, sparse, tokens, [])])
+        )
+        z0, m0 = self.lower_bounds()
+        if math.isinf(z0) or not self.members:
+            return best
+
+        def consider(slack: float) -> bool:
+            nonlocal best
+            children = self.pack(z0 * (1 + slack), math.floor(m0 * (1 + slack)))
+            if children is None:
+                return False
+            t = self.parent_s(children)
+            if t < best.seconds:
+                best = ChildSolution(self.to_parent(children), t)
+            return True
+
+        if target is not None:
+            slack = max(0.0, (target / self.lower_bound_s(z0, m0)) - 1)
+            if consider(slack) and best.seconds <= target:
+                return best
+        lo, hi = 0.0, INITIAL_SLACK
+        if consider(lo):
+            return best
+        for _ in range(MAX_GROWTHS):
+            if consider(hi):
+                break
+            lo, hi = hi, hi * 2
+        else:
+            return best
+        for _ in range(BISECTION_STEPS):
+            mid = (lo + hi) / 2
+            if consider(mid):
+                hi = mid
+            else:
+                lo = mid
+        return best
+
+    def lower_bound_s(self, z0: float, m0: int) -> float:
+        cost = self.p.cost
+        full = full_layer_seconds(cost, self.size, self.full_s, m0)
+        return cost.full_layers * full + cost.sparse_layers * z0

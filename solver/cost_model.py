@@ -1,0 +1,190 @@
+"""Cost model of one training step (design section 5), all terms in one place.
+
+Times are seconds. Per-sample quantities are precomputed once per request (``SampleCosts``) so
+the planners can evaluate a layout with sums; a child of size ``k`` holding samples ``S`` takes
+
+    sparse_attention(S) / k + ceil(tokens(S) / k) * (linear_per_token + a2a_per_token(k))
+
+per sparse layer, and a parent of size ``P`` takes, per full layer,
+
+    full_attention(S) / P + max_rank_tokens * (linear_per_token + a2a_per_token(P)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from solver.schema import ClusterSpec, ModelSpec
+
+BYTES_PER_GB = 1e9
+FLOPS_PER_TFLOP = 1e12
+FWD_BWD_FLOPS_PER_MAC = 6  # 2 FLOPs per multiply-add, x3 for forward + backward
+ALL_TO_ALL_PASSES = 2  # forward and backward
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Coefficients of the cost model for one cluster and model."""
+
+    gpus_per_node: int
+    world_size: int
+    full_layers: int
+    sparse_layers: int
+    flops_per_s: float
+    """Achieved FLOP/s of one rank: peak x efficiency."""
+    peak_flops_per_s: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+    window: int
+    dtype_bytes: int
+    linear_flops_per_token: float
+    """Projections plus active experts, per layer, per token, forward + backward."""
+    intra_bytes_per_s: float
+    inter_bytes_per_s: float
+    max_tokens_per_rank: int
+
+    @classmethod
+    def from_specs(cls, cluster: ClusterSpec, model: ModelSpec) -> CostModel:
+        attn_proj_params = (
+            model.hidden * (model.heads + 2 * model.kv_heads) * model.head_dim
+            + model.heads * model.head_dim * model.hidden
+        )
+        return cls(
+            gpus_per_node=cluster.gpus_per_node,
+            world_size=cluster.world_size,
+            full_layers=model.full_layers,
+            sparse_layers=model.sparse_layers,
+            flops_per_s=cluster.peak_tflops * FLOPS_PER_TFLOP * cluster.compute_efficiency,
+            peak_flops_per_s=cluster.peak_tflops * FLOPS_PER_TFLOP,
+            heads=model.heads,
+            kv_heads=model.kv_heads,
+            head_dim=model.head_dim,
+            window=model.sparse_window,
+            dtype_bytes=model.dtype_bytes,
+            linear_flops_per_token=FWD_BWD_FLOPS_PER_MAC
+            * (attn_proj_params + model.moe_active_params),
+            intra_bytes_per_s=cluster.intra_node_gbps * BYTES_PER_GB,
+            inter_bytes_per_s=cluster.inter_node_gbps * BYTES_PER_GB,
+            max_tokens_per_rank=cluster.max_tokens_per_rank,
+        )
+
+    # --- FLOPs of one sample ------------------------------------------------------------
+    def full_attention_flops(self, length: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Causal full attention of one layer, forward + backward."""
+        return FWD_BWD_FLOPS_PER_MAC * length**2 * self.heads * self.head_dim
+
+    def sparse_attention_flops(self, length: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Sliding-window attention of one layer; full attention below the window."""
+        w = self.window
+        windowed = 2 * FWD_BWD_FLOPS_PER_MAC * self.heads * self.head_dim * (w * length - w**2 / 2)
+        return np.where(length >= w, windowed, self.full_attention_flops(length))
+
+    # --- communication -------------------------------------------------------------------
+    def a2a_bytes_per_token(self, group: int) -> float:
+        """Bytes one token moves in a Ulysses all-to-all pair (QKV out, O back), fwd + bwd."""
+        heads_moved = 2 * self.heads + 2 * max(self.kv_heads, group)
+        return heads_moved * self.head_dim * self.dtype_bytes * ALL_TO_ALL_PASSES
+
+    def inter_node_share(self, group: int) -> float:
+        return (group - min(group, self.gpus_per_node)) / group
+
+    def a2a_seconds_per_token(self, group: int) -> float:
+        """All-to-all time per token owned by the slowest rank of a group of ``group`` ranks."""
+        if group <= 1:
+            return 0.0
+        bpt = self.a2a_bytes_per_token(group)
+        inter = bpt * self.inter_node_share(group) / self.inter_bytes_per_s
+        intra = bpt * (min(group, self.gpus_per_node) - 1) / group / self.intra_bytes_per_s
+        return max(inter, intra)
+
+    @property
+    def linear_seconds_per_token(self) -> float:
+        return self.linear_flops_per_token / self.flops_per_s
+
+
+@dataclass(frozen=True)
+class SampleCosts:
+    """Per-sample seconds of one layer on one rank, and token counts."""
+
+    tokens: NDArray[np.int64]
+    full_s: NDArray[np.float64]
+    """Full attention of one full layer, on one rank."""
+    sparse_s: NDArray[np.float64]
+    """Sparse attention of one sparse layer, on one rank."""
+    model_flops: float
+    """Whole step, all samples, forward + backward (for MFU)."""
+
+    @classmethod
+    def build(cls, cost: CostModel, lengths: Sequence[int]) -> SampleCosts:
+        tokens = np.asarray(lengths, dtype=np.int64)
+        length = tokens.astype(np.float64)
+        full = cost.full_attention_flops(length)
+        sparse = cost.sparse_attention_flops(length)
+        linear_total = cost.linear_flops_per_token * float(length.sum())
+        layers = cost.full_layers + cost.sparse_layers
+        model_flops = (
+            cost.full_layers * float(full.sum())
+            + cost.sparse_layers * float(sparse.sum())
+            + layers * linear_total
+        )
+        return cls(
+            tokens=tokens,
+            full_s=full / cost.flops_per_s,
+            sparse_s=sparse / cost.flops_per_s,
+            model_flops=model_flops,
+        )
+
+
+def full_layer_seconds(cost: CostModel, size: int, full_s: float, max_tokens: int) -> float:
+    """One full layer of a parent: attention spread over P, the busiest rank's linear work and
+    its to_full + to_child all-to-all."""
+    per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
+    return full_s / size + max_tokens * per_token
+
+
+def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int) -> float:
+    """One sparse layer of a child of ``size`` ranks holding ``tokens`` tokens."""
+    if tokens == 0:
+        return 0.0
+    per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
+    return sparse_s / size + ceil_div(tokens, size) * per_token
+
+
+def parent_seconds(
+    cost: CostModel,
+    size: int,
+    full_s: float,
+    children: Sequence[tuple[int, float, int]],
+) -> float:
+    """Step time of one parent; ``children`` are ``(size, sparse_s, tokens)`` triples."""
+    max_tokens = max((ceil_div(t, k) for k, _, t in children), default=0)
+    sparse = max((child_layer_seconds(cost, k, s, t) for k, s, t in children), default=0.0)
+    return (
+        cost.full_layers * full_layer_seconds(cost, size, full_s, max_tokens)
+        + cost.sparse_layers * sparse
+    )
+
+
+def unrepacked_parent_seconds(
+    cost: CostModel, size: int, full_s: float, sparse_s: float, tokens: int
+) -> float:
+    """The baseline layout of a parent: one child equal to the whole parent."""
+    return parent_seconds(cost, size, full_s, [(size, sparse_s, tokens)])
+
+
+def inter_node_bytes(cost: CostModel, group: int, rank_tokens: Sequence[int]) -> float:
+    """Bytes a group's ranks send to other nodes in one all-to-all pair (fwd + bwd)."""
+    return cost.a2a_bytes_per_token(group) * cost.inter_node_share(group) * float(sum(rank_tokens))
+
+
+def mfu(cost: CostModel, model_flops: float, step_s: float) -> float:
+    return model_flops / (step_s * cost.world_size * cost.peak_flops_per_s)

@@ -1,0 +1,24 @@
+"""Errors the solver raises for requests it cannot plan; each names the request field to blame."""
+
+from __future__ import annotations
+
+
+class PlanningError(ValueError):
+    """A request that passed schema validation but cannot be planned."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class InfeasibleRequestError(PlanningError):
+    """No layout satisfies the memory limit for these lengths and parents."""
+
+
+class PlanValidationError(ValueError):
+    """A plan breaks the layout rules; ``violations`` lists each broken rule, one per line."""
+
+    def __init__(self, violations: list[str]) -> None:
+        super().__init__("; ".join(violations))
+        self.violations = violations

@@ -1,0 +1,43 @@
+"""Uniform parent sizes when the request gives none.
+
+Rule (documented in the README): memory needs ``P * max_tokens_per_rank >= longest sample``;
+among the allowed power-of-two sizes from that minimum up to the whole cluster (dividing
+``heads``, compatible with ``kv_heads``), the one whose balanced baseline membership predicts
+the shortest baseline step time is taken; ties go to the smaller size (less inter-node traffic).
+"""
+
+from __future__ import annotations
+
+from solver.errors import InfeasibleRequestError
+from solver.layout import baseline_layout, evaluate
+from solver.membership import balance
+from solver.problem import Problem
+from solver.schema import PlanRequest, allowed_parent_sizes
+
+SIZING_SEARCH_EVALS = 2_000
+"""Local-search budget per candidate size: enough to rank sizes, not to finish them."""
+
+
+def derive_parent_sizes(problem: Problem, request: PlanRequest) -> list[int]:
+    world = problem.cost.world_size
+    longest = max(problem.tokens)
+    candidates = [
+        p
+        for p in allowed_parent_sizes(request.cluster, request.model)
+        if problem.capacity(p) >= longest
+    ]
+    best: tuple[float, int] | None = None
+    for size in candidates:
+        sizes = [size] * (world // size)
+        try:
+            members = balance(problem, sizes, "baseline", budget=SIZING_SEARCH_EVALS)
+        except InfeasibleRequestError:
+            continue
+        step = evaluate(baseline_layout(sizes, members), problem.cost, problem.costs).step_s
+        if best is None or step < best[0]:
+            best = (step, size)
+    if best is None:
+        raise InfeasibleRequestError(
+            "lengths", "no uniform parent size can hold these samples within max_tokens_per_rank"
+        )
+    return [best[1]] * (world // best[1])

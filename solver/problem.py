@@ -1,0 +1,49 @@
+"""The solver's internal view of a request: per-sample costs as plain floats, parents sized."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from solver.cost_model import CostModel, SampleCosts
+from solver.schema import CHILD_SIZES, PlanRequest
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a planner needs, precomputed once per request."""
+
+    cost: CostModel
+    costs: SampleCosts
+    tokens: tuple[int, ...]
+    full_s: tuple[float, ...]
+    sparse_s: tuple[float, ...]
+
+    @classmethod
+    def from_request(cls, request: PlanRequest) -> Problem:
+        cost = CostModel.from_specs(request.cluster, request.model)
+        costs = SampleCosts.build(cost, request.lengths)
+        return cls(
+            cost=cost,
+            costs=costs,
+            tokens=tuple(request.lengths),
+            full_s=tuple(costs.full_s.tolist()),
+            sparse_s=tuple(costs.sparse_s.tolist()),
+        )
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def child_sizes(self) -> tuple[int, ...]:
+        return tuple(k for k in CHILD_SIZES if k <= self.cost.gpus_per_node)
+
+    @cached_property
+    def work_s(self) -> tuple[float, ...]:
+        """Sparse-layer rank-seconds of each sample with no communication (a child of 1)."""
+        lin = self.cost.linear_seconds_per_token
+        return tuple(s + t * lin for s, t in zip(self.sparse_s, self.tokens, strict=True))
+
+    def capacity(self, size: int) -> int:
+        return size * self.cost.max_tokens_per_rank

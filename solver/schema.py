@@ -1,0 +1,357 @@
+"""Plan contract v1: the one definition of PlanRequest and Plan.
+
+The API, the CLI and the runtime client all import these models; nothing else defines the wire
+format. Every check that can be made without solving lives here, as a field validator, so that a
+bad request fails with an error located at the offending field (``loc``), whether it came over
+HTTP, from a scenario file or from Python.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from solver.profiles import CLUSTER_PROFILES, MODEL_PROFILES
+
+MAX_SAMPLES = 1_000_000
+"""Largest batch a request may carry; bigger ones are rejected, not truncated."""
+
+CHILD_SIZES = (1, 2, 4, 8)
+"""Sizes a node-local child may have (design section 3, rule 2)."""
+
+Mode = Literal["baseline", "repack", "repack+parent", "repack+sizing"]
+Status = Literal["optimal", "feasible"]
+StoppedBy = Literal["optimal", "deadline", "work_limit", "greedy"]
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def _merge_profile(data: Any, profiles: dict[str, dict[str, Any]], kind: str) -> Any:
+    """Expand ``"name"`` or ``{"profile": "name", ...overrides}`` into explicit fields."""
+    if isinstance(data, str):
+        data = {"profile": data}
+    if not isinstance(data, dict) or "profile" not in data:
+        return data
+    name = data["profile"]
+    if not isinstance(name, str) or name not in profiles:
+        known = ", ".join(sorted(profiles))
+        raise ValueError(f"unknown {kind} profile {name!r}; known profiles: {known}")
+    merged = dict(profiles[name])
+    merged.update({k: v for k, v in data.items() if k != "profile"})
+    merged["profile"] = name
+    return merged
+
+
+class ClusterSpec(BaseModel):
+    """The machine: nodes of ``gpus_per_node`` ranks, link speeds, compute rate, memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str | None = None
+    nodes: StrictInt = Field(8, ge=1, le=4096, description="Number of nodes.")
+    gpus_per_node: StrictInt = Field(8, ge=1, le=64, description="Ranks per node (power of 2).")
+    intra_node_gbps: FiniteFloat = Field(160.0, gt=0, description="All-to-all GB/s inside a node.")
+    inter_node_gbps: FiniteFloat = Field(
+        160.0 / 7.0, gt=0, description="All-to-all GB/s across nodes."
+    )
+    peak_tflops: FiniteFloat = Field(989.0, gt=0, description="Peak dense TFLOP/s per GPU.")
+    compute_efficiency: FiniteFloat = Field(
+        0.55, gt=0, le=1, description="Achieved share of peak."
+    )
+    max_tokens_per_rank: StrictInt = Field(
+        32768, ge=1, description="Activation memory limit in tokens per rank."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_profile(cls, data: Any) -> Any:
+        return _merge_profile(data, CLUSTER_PROFILES, "cluster")
+
+    @field_validator("gpus_per_node")
+    @classmethod
+    def _gpus_power_of_two(cls, v: int) -> int:
+        if not is_power_of_two(v):
+            raise ValueError(f"must be a power of two, got {v}")
+        return v
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class ModelSpec(BaseModel):
+    """The hybrid-attention model: layer pattern, attention shape, MoE size, dtype."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    profile: str | None = None
+    layers: StrictInt = Field(48, ge=1, le=100_000)
+    pattern: str = Field(
+        "FSSS",
+        min_length=1,
+        max_length=64,
+        description="Repeating layer pattern: F = full attention, S = sparse (windowed).",
+    )
+    hidden: StrictInt = Field(4096, ge=1)
+    heads: StrictInt = Field(32, ge=1)
+    kv_heads: StrictInt = Field(8, ge=1)
+    head_dim: StrictInt = Field(128, ge=1)
+    sparse_window: StrictInt = Field(4096, ge=1)
+    moe_active_params: FiniteFloat = Field(
+        151e6, ge=0, description="Active MoE parameters per layer per token."
+    )
+    dtype_bytes: StrictInt = Field(2, ge=1, le=8)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_profile(cls, data: Any) -> Any:
+        return _merge_profile(data, MODEL_PROFILES, "model")
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_letters(cls, v: str) -> str:
+        if set(v) - {"F", "S"}:
+            raise ValueError(f"must contain only 'F' and 'S', got {v!r}")
+        return v
+
+    @field_validator("kv_heads")
+    @classmethod
+    def _kv_divides_heads(cls, v: int, info: ValidationInfo) -> int:
+        heads = info.data.get("heads")
+        if heads is not None and (v > heads or heads % v != 0):
+            raise ValueError(f"must divide heads ({heads}), got {v}")
+        return v
+
+    @property
+    def full_layers(self) -> int:
+        """Layers whose pattern letter is F when the pattern repeats over ``layers``."""
+        reps, rest = divmod(self.layers, len(self.pattern))
+        return reps * self.pattern.count("F") + self.pattern[:rest].count("F")
+
+    @property
+    def sparse_layers(self) -> int:
+        return self.layers - self.full_layers
+
+
+def parent_size_error(size: int, start: int, cluster: ClusterSpec, model: ModelSpec) -> str | None:
+    """Why a parent of ``size`` ranks starting at ``start`` is not allowed, or None."""
+    g = cluster.gpus_per_node
+    if not is_power_of_two(size):
+        return f"parent size {size} is not a power of two"
+    if start % min(size, g) != 0 or (size > g and start % g != 0):
+        return f"parent of size {size} at rank {start} is not aligned"
+    if model.heads % size != 0:
+        return f"parent size {size} does not divide heads ({model.heads})"
+    kv = model.kv_heads
+    if (kv < size and size % kv != 0) or (kv >= size and kv % size != 0):
+        return f"parent size {size} is incompatible with kv_heads ({kv})"
+    return None
+
+
+def allowed_parent_sizes(cluster: ClusterSpec, model: ModelSpec) -> list[int]:
+    """Power-of-two sizes a uniform parent tiling of the cluster may use, ascending."""
+    sizes = []
+    size = 1
+    while size <= cluster.world_size:
+        if cluster.world_size % size == 0 and parent_size_error(size, 0, cluster, model) is None:
+            sizes.append(size)
+        size *= 2
+    return sizes
+
+
+class PlanRequest(BaseModel):
+    """What the data loader sends each step (contract v1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    job_id: str | None = Field(None, min_length=1, max_length=200)
+    step: StrictInt | None = Field(None, ge=0)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    lengths: list[StrictInt] = Field(
+        ..., min_length=1, max_length=MAX_SAMPLES, description="Tokens per sample (id = index)."
+    )
+    parent_sizes: list[StrictInt] | None = Field(
+        None, min_length=1, description="Parent sizes in rank order; derived when absent."
+    )
+    parent_of: list[StrictInt] | None = Field(
+        None, description="Upstream parent index of each sample (needs parent_sizes)."
+    )
+    mode: Mode | None = Field(None, description="Default: repack+parent.")
+    deadline_ms: StrictInt | None = Field(
+        None, gt=0, le=600_000, description="Wall-clock budget; default from the caller."
+    )
+
+    @field_validator("step")
+    @classmethod
+    def _step_needs_job(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and "job_id" in info.data and info.data["job_id"] is None:
+            raise ValueError("step requires job_id (together they are the idempotency key)")
+        return v
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths_fit(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        bad = next((i for i, n in enumerate(v) if n < 1), None)
+        if bad is not None:
+            raise ValueError(f"lengths[{bad}] = {v[bad]} must be >= 1")
+        cluster, model = info.data.get("cluster"), info.data.get("model")
+        if cluster is None or model is None:
+            return v
+        widest = max(allowed_parent_sizes(cluster, model), default=0)
+        cap = widest * cluster.max_tokens_per_rank
+        longest = max(v)
+        if longest > cap:
+            i = v.index(longest)
+            raise ValueError(
+                f"lengths[{i}] = {longest} exceeds the widest parent's capacity "
+                f"({widest} ranks x {cluster.max_tokens_per_rank} tokens = {cap})"
+            )
+        total, room = sum(v), cluster.world_size * cluster.max_tokens_per_rank
+        if total > room:
+            raise ValueError(f"total tokens {total} exceed the cluster's capacity {room}")
+        return v
+
+    @field_validator("parent_sizes")
+    @classmethod
+    def _parents_tile(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        cluster, model = info.data.get("cluster"), info.data.get("model")
+        if v is None or cluster is None or model is None:
+            return v
+        start = 0
+        for j, size in enumerate(v):
+            if size < 1:
+                raise ValueError(f"parent_sizes[{j}] = {size} must be >= 1")
+            why = parent_size_error(size, start, cluster, model)
+            if why is not None:
+                raise ValueError(f"parent_sizes[{j}]: {why}")
+            start += size
+        if start != cluster.world_size:
+            raise ValueError(
+                f"parent sizes sum to {start}, must tile the cluster's {cluster.world_size} ranks"
+            )
+        lengths = info.data.get("lengths")
+        if lengths:
+            cap = max(v) * cluster.max_tokens_per_rank
+            longest = max(lengths)
+            if longest > cap:
+                raise ValueError(
+                    f"the widest parent ({max(v)} ranks) holds {cap} tokens, "
+                    f"shorter than the longest sample ({longest})"
+                )
+        return v
+
+    @field_validator("parent_of")
+    @classmethod
+    def _membership_fits(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if v is None:
+            return v
+        if "parent_sizes" not in info.data:
+            return v  # parent_sizes already failed; its error is reported
+        sizes = info.data.get("parent_sizes")
+        if sizes is None:
+            raise ValueError("parent_of requires parent_sizes")
+        lengths = info.data.get("lengths")
+        if lengths is None:
+            return v
+        if len(v) != len(lengths):
+            raise ValueError(f"has {len(v)} entries, lengths has {len(lengths)}")
+        load = [0] * len(sizes)
+        for i, p in enumerate(v):
+            if not 0 <= p < len(sizes):
+                raise ValueError(f"parent_of[{i}] = {p} is not a parent index (0..{len(sizes) - 1})")
+            load[p] += lengths[i]
+        cluster = info.data.get("cluster")
+        if cluster is not None:
+            for j, tokens in enumerate(load):
+                cap = sizes[j] * cluster.max_tokens_per_rank
+                if tokens > cap:
+                    raise ValueError(f"parent {j} is given {tokens} tokens, more than its {cap}")
+        return v
+
+    @property
+    def resolved_mode(self) -> Mode:
+        return self.mode if self.mode is not None else "repack+parent"
+
+
+class ParentOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    ranks: list[int] = Field(..., min_length=2, max_length=2, description="[start, end)")
+    samples: list[int]
+
+
+class ChildOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    parent: int
+    node: int
+    ranks: list[int] = Field(..., min_length=2, max_length=2, description="[start, end)")
+    samples: list[int]
+
+
+class SplitSizes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_split_sizes: list[list[int]]
+    output_split_sizes: list[list[int]]
+
+
+class AllToAll(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    to_full: SplitSizes
+    to_child: SplitSizes
+
+
+class Metrics(BaseModel):
+    """Predicted quality of a plan under the cost model; optional fields may be absent in
+    hand-written plans (the contract example) but the planner always fills them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step_time_ms: float
+    baseline_step_time_ms: float
+    speedup: float
+    mfu: float
+    baseline_mfu: float
+    imbalance: float | None = None
+    inter_node_bytes: float | None = None
+    lower_bound_ms: float | None = None
+    gap: float | None = None
+    solve_ms: float | None = None
+    stopped_by: StoppedBy | None = None
+
+
+class Plan(BaseModel):
+    """The layout of one step (contract v1). More fields may be added, never renamed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: Literal["v1"] = "v1"
+    plan_id: str
+    mode: Mode
+    status: Status
+    job_id: str | None = None
+    step: int | None = None
+    parents: list[ParentOut]
+    children: list[ChildOut]
+    tokens: list[int]
+    cu_seqlens: list[list[int]]
+    all_to_all: AllToAll
+    metrics: Metrics
