@@ -1,0 +1,200 @@
+"""Seeded traces of long-tailed sample lengths, and the one loader of scenario files.
+
+A *trace* is a sequence of training steps; each step is a global batch of variable-length
+samples planned by one ``PlanRequest``. The generator draws every batch the same way:
+
+1. the **token budget** of a step is ``fill * world_size * max_tokens_per_rank``, a share of the
+   cluster's activation memory (below 1, so that the batch can always be placed);
+2. sample lengths are drawn i.i.d. from a **mixture**: with probability ``1 - tail_prob`` a
+   lognormal *body* (median ``body_median``, log-space spread ``body_sigma``), else a *truncated
+   Pareto tail* on ``[tail_min, max_length]`` with index ``tail_alpha``; every length is rounded
+   and clipped to ``[min_length, max_length]``;
+3. the batch is the longest prefix of that draw sequence whose total stays within the budget.
+
+Each step's random stream is seeded by ``(seed, step)`` alone, so step 123 is the same batch
+whether it is drawn alone, in order or in another process. ``load_trace`` reads a scenario YAML
+(generator parameters + request fields), a directory of request files, or one request file, and
+yields validated ``PlanRequest`` objects: the one way the CLI and the tests read scenarios.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+from solver.io import load_document, read_request
+from solver.schema import ClusterSpec, Mode, ModelSpec, PlanRequest, allowed_parent_sizes
+
+DRAW_CHUNK = 1024
+"""Lengths drawn per call to the generator; fixed, because the stream must not depend on it."""
+
+REQUEST_SUFFIXES = (".json", ".yaml", ".yml")
+"""Files of a request directory that are read, in sorted name order; others are ignored."""
+
+
+class LengthDistribution(BaseModel):
+    """Lognormal body + truncated Pareto tail, in tokens (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    body_median: float = Field(2048.0, gt=0, description="Median of the lognormal body.")
+    body_sigma: float = Field(1.0, ge=0, le=5, description="Std-dev of log(length) in the body.")
+    tail_prob: float = Field(0.002, ge=0, le=1, description="Share of samples from the tail.")
+    tail_min: StrictInt = Field(32768, ge=1, description="Shortest tail sample (Pareto scale).")
+    tail_alpha: float = Field(1.0, gt=0, description="Pareto index; smaller = heavier tail.")
+    min_length: StrictInt = Field(64, ge=1, description="Every length is at least this.")
+    max_length: StrictInt = Field(
+        524288, ge=1, description="Every length is at most this (tail truncation point)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LengthDistribution:
+        if self.min_length > self.max_length:
+            raise ValueError(
+                f"min_length ({self.min_length}) must be <= max_length ({self.max_length})"
+            )
+        if self.tail_min > self.max_length:
+            raise ValueError(
+                f"tail_min ({self.tail_min}) must be <= max_length ({self.max_length})"
+            )
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
+        """``n`` lengths; consumes a fixed amount of ``rng`` per call (three arrays of ``n``)."""
+        in_tail = rng.random(n) < self.tail_prob
+        body = self.body_median * np.exp(self.body_sigma * rng.standard_normal(n))
+        tail = self._pareto(rng.random(n))
+        lengths = np.where(in_tail, tail, body)
+        return np.clip(np.rint(lengths), self.min_length, self.max_length).astype(np.int64)
+
+    def _pareto(self, u: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Inverse CDF of the Pareto law on ``[tail_min, max_length]`` at uniforms ``u``."""
+        lo, hi, a = float(self.tail_min), float(self.max_length), self.tail_alpha
+        cut = 1.0 - (lo / hi) ** a  # CDF at the truncation point
+        return lo * (1.0 - u * cut) ** (-1.0 / a)
+
+    def tail_exceeds(self, length: float) -> float:
+        """P(tail sample > ``length``): the share of tail samples longer than ``length``."""
+        lo, hi, a = float(self.tail_min), float(self.max_length), self.tail_alpha
+        if length < lo:
+            return 1.0
+        if length >= hi:
+            return 0.0
+        return (length**-a - hi**-a) / (lo**-a - hi**-a)
+
+    def body_exceeds(self, length: float) -> float:
+        """P(body sample > ``length``) before clipping."""
+        if self.body_sigma == 0:
+            return float(self.body_median > length)
+        z = (math.log(length) - math.log(self.body_median)) / self.body_sigma
+        return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+    def exceeds(self, length: float) -> float:
+        """P(a sample is longer than ``length``), for ``min_length <= length < max_length``."""
+        p = self.tail_prob
+        return (1.0 - p) * self.body_exceeds(length) + p * self.tail_exceeds(length)
+
+
+class TraceSpec(BaseModel):
+    """How a trace is generated: seed, number of steps, batch budget, length distribution."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: StrictInt = Field(0, ge=0, description="With the step, the only source of randomness.")
+    steps: StrictInt = Field(100, ge=1, le=1_000_000, description="Steps in the trace.")
+    first_step: StrictInt = Field(0, ge=0, description="Step number of the first step.")
+    fill: float = Field(
+        0.6, gt=0, le=1, description="Token budget per step as a share of cluster memory."
+    )
+    lengths: LengthDistribution = Field(default_factory=LengthDistribution)
+
+    def step_lengths(self, step: int, cluster: ClusterSpec) -> list[int]:
+        """The batch of ``step``: the longest prefix of the draws within the token budget."""
+        budget = int(self.fill * cluster.world_size * cluster.max_tokens_per_rank)
+        rng = np.random.default_rng([self.seed, step])
+        batch: list[int] = []
+        total = 0
+        while True:
+            for n in self.lengths.draw(rng, DRAW_CHUNK).tolist():
+                if total + n > budget:
+                    return batch or [max(1, min(n, budget))]
+                batch.append(n)
+                total += n
+
+
+class Scenario(BaseModel):
+    """A scenario file: request fields shared by every step, plus the trace generator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    job_id: str = Field("trace", min_length=1, max_length=200)
+    description: str | None = Field(None, description="Free text; not used by the planner.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    parent_sizes: list[StrictInt] | None = None
+    mode: Mode | None = None
+    deadline_ms: StrictInt | None = Field(None, gt=0, le=600_000)
+    trace: TraceSpec
+
+    @model_validator(mode="after")
+    def _longest_fits(self) -> Scenario:
+        widest = max(allowed_parent_sizes(self.cluster, self.model), default=0)
+        cap = widest * self.cluster.max_tokens_per_rank
+        if self.trace.lengths.max_length > cap:
+            raise ValueError(
+                f"trace.lengths.max_length = {self.trace.lengths.max_length} exceeds the widest "
+                f"parent's capacity ({widest} ranks x {self.cluster.max_tokens_per_rank} = {cap})"
+            )
+        return self
+
+    def requests(self) -> Iterator[PlanRequest]:
+        """One validated request per step, in step order."""
+        for step in range(self.trace.first_step, self.trace.first_step + self.trace.steps):
+            yield PlanRequest(
+                job_id=self.job_id,
+                step=step,
+                cluster=self.cluster,
+                model=self.model,
+                lengths=self.trace.step_lengths(step, self.cluster),
+                parent_sizes=self.parent_sizes,
+                mode=self.mode,
+                deadline_ms=self.deadline_ms,
+            )
+
+
+def is_scenario(data: Any) -> bool:
+    return isinstance(data, dict) and "trace" in data
+
+
+def load_trace(path: str | Path) -> Iterator[PlanRequest]:
+    """Requests of a scenario YAML, a directory of request files, or a single request file.
+
+    A file holding a ``trace`` key is a scenario; any other file is one request. A directory
+    yields its ``*.json``/``*.yaml``/``*.yml`` requests in sorted name order; an error in one of
+    them carries a note naming the file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in REQUEST_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"{path}: no request files (*.json, *.yaml, *.yml)")
+        for file in files:
+            try:
+                request = read_request(file)
+            except (OSError, ValueError, yaml.YAMLError) as exc:
+                exc.add_note(f"in {file}")
+                raise
+            yield request
+        return
+    data = load_document(path)
+    if is_scenario(data):
+        yield from Scenario.model_validate(data).requests()
+    else:
+        yield PlanRequest.model_validate(data)
