@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from solver.bounds import membership_free_bound, parent_bound
 from solver.child_packer import ChildPacker
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate, parent_starts
-from solver.membership import balance, members_from_parent_of
+from solver.membership import Objective, balance, members_from_parent_of
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy
 
 DEFAULT_DEADLINE_MS = 1000
+
+UPSTREAM_OBJECTIVE: Objective = "tokens"
+"""The default membership (no ``parent_of``) models a data loader that balances tokens per
+rank across parents, as loaders without a cost model do; the baseline is measured on it."""
 GAP_TOLERANCE = 1e-9
 
 
@@ -83,9 +87,9 @@ def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int]
         sizes = list(request.parent_sizes)
         if request.parent_of is not None:
             return sizes, members_from_parent_of(request.parent_of, len(sizes))
-        return sizes, balance(problem, sizes, "baseline")
+        return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE)
     sizes, greedy = derive_parent_sizes(problem, request)
-    return sizes, balance(problem, sizes, "baseline", start=greedy)
+    return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy)
 
 
 def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
