@@ -6,13 +6,23 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-COMMAND_MODULES = ("cli.solve",)
+from cli.errors import EXIT_BAD_INPUT, PROG, guarded
+
+COMMAND_MODULES = ("cli.solve", "cli.validate", "cli.replay", "cli.bench")
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in the same one-line form as input errors (``repack: error: ...``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="repack", description=__doc__)
+    parser = OneLineParser(prog=PROG, description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -21,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.run(args)
-    return code
+    return guarded(args.run)(args)
 
 
 if __name__ == "__main__":

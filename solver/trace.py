@@ -9,7 +9,10 @@ samples planned by one ``PlanRequest``. The generator draws every batch the same
    lognormal *body* (median ``body_median``, log-space spread ``body_sigma``), else a *truncated
    Pareto tail* on ``[tail_min, max_length]`` with index ``tail_alpha``; every length is rounded
    and clipped to ``[min_length, max_length]``;
-3. the batch is the longest prefix of that draw sequence whose total stays within the budget.
+3. samples join the batch in draw order; one longer than what is left of the budget is skipped
+   (it does not end the batch), and the batch closes when what is left is shorter than
+   ``min_length`` or ``MAX_SKIPS`` draws in a row did not fit. A batch therefore fills its
+   budget to within a few short samples, and a long sample is kept unless it arrives late.
 
 Each step's random stream is seeded by ``(seed, step)`` alone, so step 123 is the same batch
 whether it is drawn alone, in order or in another process. ``load_trace`` reads a scenario YAML
@@ -35,6 +38,9 @@ from solver.schema import ClusterSpec, Mode, ModelSpec, PlanRequest, allowed_par
 DRAW_CHUNK = 1024
 """Lengths drawn per call to the generator; fixed, because the stream must not depend on it."""
 
+MAX_SKIPS = 32
+"""A step closes after this many consecutive draws that do not fit in what is left of it."""
+
 REQUEST_SUFFIXES = (".json", ".yaml", ".yml")
 """Files of a request directory that are read, in sorted name order; others are ignored."""
 
@@ -44,9 +50,9 @@ class LengthDistribution(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    body_median: float = Field(2048.0, gt=0, description="Median of the lognormal body.")
+    body_median: float = Field(1800.0, gt=0, description="Median of the lognormal body.")
     body_sigma: float = Field(1.0, ge=0, le=5, description="Std-dev of log(length) in the body.")
-    tail_prob: float = Field(0.002, ge=0, le=1, description="Share of samples from the tail.")
+    tail_prob: float = Field(0.001, ge=0, le=1, description="Share of samples from the tail.")
     tail_min: StrictInt = Field(32768, ge=1, description="Shortest tail sample (Pareto scale).")
     tail_alpha: float = Field(1.0, gt=0, description="Pareto index; smaller = heavier tail.")
     min_length: StrictInt = Field(64, ge=1, description="Every length is at least this.")
@@ -79,6 +85,18 @@ class LengthDistribution(BaseModel):
         lo, hi, a = float(self.tail_min), float(self.max_length), self.tail_alpha
         cut = 1.0 - (lo / hi) ** a  # CDF at the truncation point
         return lo * (1.0 - u * cut) ** (-1.0 / a)
+
+    def mean_length(self) -> float:
+        """Expected length before rounding and clipping (the mixture of the two means)."""
+        body = self.body_median * math.exp(self.body_sigma**2 / 2)
+        lo, hi, a = float(self.tail_min), float(self.max_length), self.tail_alpha
+        if lo == hi:
+            tail = lo
+        elif a == 1.0:
+            tail = lo * math.log(hi / lo) / (1.0 - lo / hi)
+        else:
+            tail = a * lo**a * (hi ** (1 - a) - lo ** (1 - a)) / ((1 - a) * (1 - (lo / hi) ** a))
+        return (1.0 - self.tail_prob) * body + self.tail_prob * tail
 
     def tail_exceeds(self, length: float) -> float:
         """P(tail sample > ``length``): the share of tail samples longer than ``length``."""
@@ -115,18 +133,27 @@ class TraceSpec(BaseModel):
     )
     lengths: LengthDistribution = Field(default_factory=LengthDistribution)
 
+    def budget(self, cluster: ClusterSpec) -> int:
+        """Token budget of every step on ``cluster``."""
+        return int(self.fill * cluster.world_size * cluster.max_tokens_per_rank)
+
     def step_lengths(self, step: int, cluster: ClusterSpec) -> list[int]:
-        """The batch of ``step``: the longest prefix of the draws within the token budget."""
-        budget = int(self.fill * cluster.world_size * cluster.max_tokens_per_rank)
+        """The batch of ``step``: draws in order, skipping those that overflow the budget."""
+        left = self.budget(cluster)
         rng = np.random.default_rng([self.seed, step])
         batch: list[int] = []
-        total = 0
-        while True:
+        skips = 0
+        while left >= self.lengths.min_length and skips < MAX_SKIPS:
             for n in self.lengths.draw(rng, DRAW_CHUNK).tolist():
-                if total + n > budget:
-                    return batch or [max(1, min(n, budget))]
-                batch.append(n)
-                total += n
+                if n <= left:
+                    batch.append(n)
+                    left -= n
+                    skips = 0
+                else:
+                    skips += 1
+                if left < self.lengths.min_length or skips >= MAX_SKIPS:
+                    break
+        return batch or [self.lengths.min_length]  # nothing fitted: the shortest sample
 
 
 class Scenario(BaseModel):
@@ -151,6 +178,16 @@ class Scenario(BaseModel):
             raise ValueError(
                 f"trace.lengths.max_length = {self.trace.lengths.max_length} exceeds the widest "
                 f"parent's capacity ({widest} ranks x {self.cluster.max_tokens_per_rank} = {cap})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _budget_holds_a_sample(self) -> Scenario:
+        budget, shortest = self.trace.budget(self.cluster), self.trace.lengths.min_length
+        if budget < shortest:
+            raise ValueError(
+                f"trace.fill gives a budget of {budget} tokens, below trace.lengths.min_length "
+                f"({shortest})"
             )
         return self
 
