@@ -26,8 +26,14 @@ from solver.problem import Problem
 TIME_UNIT_S = 1e-9
 """Integer time unit of the model: 1 ns keeps rounding far below any decision's effect."""
 
-DETERMINISTIC_SECONDS = 0.05
+DETERMINISTIC_SECONDS = 0.03
 """CP-SAT's deterministic work limit per parent (machine-independent, so results repeat)."""
+
+
+def slot_count(problem: Problem, size: int) -> int:
+    """Slots the model offers for a parent of ``size`` ranks (its menu on every node)."""
+    g = min(size, problem.cost.gpus_per_node)
+    return (size // g) * sum(g // k for k in problem.child_sizes if k <= g)
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,11 @@ class ChildModel:
     """One parent's repacked layout as a CP-SAT model."""
 
     def __init__(
-        self, problem: Problem, start: int, size: int, members: Sequence[int],
+        self,
+        problem: Problem,
+        start: int,
+        size: int,
+        members: Sequence[int],
         incumbent_s: float,
     ) -> None:
         self.p = problem
@@ -66,7 +76,9 @@ class ChildModel:
         self.incumbent = incumbent_s
         self.model = cp_model.CpModel()
         self.slots = [
-            _Slot(n, k, q, n * self.g) for n in range(self.nodes) for k in self.sizes
+            _Slot(n, k, q, n * self.g)
+            for n in range(self.nodes)
+            for k in self.sizes
             for q in range(self.g // k)
         ]
         self._variables()
@@ -86,7 +98,7 @@ class ChildModel:
     def _variables(self) -> None:
         """Slot usage, sample-to-slot booleans where memory and the incumbent allow, M and Z."""
         m, p, cost = self.model, self.p, self.p.cost
-        self.used = [m.NewBoolVar(f"used_n{s.node}_k{s.size}_q{s.index}") for s in self.slots]
+        self.used = [m.new_bool_var(f"used_n{s.node}_k{s.size}_q{s.index}") for s in self.slots]
         budget_units = (self.incumbent - self.full_const_s) / max(cost.sparse_layers, 1)
         self.x: dict[tuple[int, int], cp_model.IntVar] = {}
         for i in self.members:
@@ -95,19 +107,19 @@ class ChildModel:
                     continue
                 if self.child_units(i, slot.size) * TIME_UNIT_S > budget_units:
                     continue  # alone there it already loses to the incumbent
-                self.x[i, j] = m.NewBoolVar(f"x_s{i}_n{slot.node}_k{slot.size}_q{slot.index}")
+                self.x[i, j] = m.new_bool_var(f"x_s{i}_n{slot.node}_k{slot.size}_q{slot.index}")
         # Redundant lower bounds (the LP relaxation is useless without them): some rank holds
         # the average and the longest member's share of a node-sized child; the slowest child
         # is no faster than any member alone, nor than all work spread on every rank.
         cap = cost.max_tokens_per_rank
         tokens = [p.tokens[i] for i in self.members]
         m_lo = max(-(-sum(tokens) // self.size), -(-max(tokens) // self.g))
-        self.max_tokens = m.NewIntVar(min(m_lo, cap), cap, "max_rank_tokens")
+        self.max_tokens = m.new_int_var(min(m_lo, cap), cap, "max_rank_tokens")
         work = sum(math.floor(p.work_s[i] / TIME_UNIT_S) for i in self.members)
         single = max(min(self.child_units(i, k) for k in self.sizes) for i in self.members)
         horizon = sum(max(self.child_units(i, k) for k in self.sizes) for i in self.members) + 1
         z_lo = max(single, work // self.size)
-        self.z = m.NewIntVar(min(z_lo, horizon), horizon, "max_child_time")
+        self.z = m.new_int_var(min(z_lo, horizon), horizon, "max_child_time")
 
     def _constraints(self) -> None:
         """Each sample in one slot; node ranks; slot memory, time and busiest-rank tokens."""
@@ -117,10 +129,10 @@ class ChildModel:
         for (i, j), var in self.x.items():
             by_slot[j].append((i, var))
             by_sample[i].append(var)
-        for i, vars_ in by_sample.items():
-            m.AddExactlyOne(vars_)
+        for vars_ in by_sample.values():
+            m.add_exactly_one(vars_)
         for n in range(self.nodes):
-            m.Add(
+            m.add(
                 sum(s.size * self.used[j] for j, s in enumerate(self.slots) if s.node == n)
                 <= self.g
             )
@@ -129,13 +141,15 @@ class ChildModel:
         for j, slot in enumerate(self.slots):
             tokens = sum(p.tokens[i] * v for i, v in by_slot[j])
             self.slot_tokens.append(tokens)
-            m.Add(tokens <= slot.size * cap * self.used[j])
-            m.Add(tokens <= slot.size * self.max_tokens)
-            m.Add(sum(self.child_units(i, slot.size) * v for i, v in by_slot[j]) <= self.z)
+            m.add(tokens <= slot.size * cap * self.used[j])
+            m.add(tokens <= slot.size * self.max_tokens)
+            m.add(sum(self.child_units(i, slot.size) * v for i, v in by_slot[j]) <= self.z)
         # Rank-seconds: the children's k * time add up to at most P * Z.
-        m.Add(
-            sum(self.slots[j].size * self.child_units(i, self.slots[j].size) * v
-                for (i, j), v in self.x.items())
+        m.add(
+            sum(
+                self.slots[j].size * self.child_units(i, self.slots[j].size) * v
+                for (i, j), v in self.x.items()
+            )
             <= self.size * self.z
         )
 
@@ -145,21 +159,21 @@ class ChildModel:
         for j in range(1, len(self.slots)):
             a, b = self.slots[j - 1], self.slots[j]
             if (a.node, a.size) == (b.node, b.size):
-                m.Add(self.used[j - 1] >= self.used[j])
-                m.Add(self.slot_tokens[j - 1] >= self.slot_tokens[j])
+                m.add(self.used[j - 1] >= self.used[j])
+                m.add(self.slot_tokens[j - 1] >= self.slot_tokens[j])
         node_tokens = [
             sum(t for t, s in zip(self.slot_tokens, self.slots, strict=True) if s.node == n)
             for n in range(self.nodes)
         ]
         for n in range(1, self.nodes):
-            self.model.Add(node_tokens[n - 1] >= node_tokens[n])
+            self.model.add(node_tokens[n - 1] >= node_tokens[n])
 
     def _objective(self) -> None:
         """Full layers' busiest-rank term plus sparse layers' slowest child (constants apart)."""
         cost = self.p.cost
         per_token = full_layer_seconds(cost, self.size, 0.0, 1) * cost.full_layers
         self.m_units = math.floor(per_token / TIME_UNIT_S)
-        self.model.Minimize(self.m_units * self.max_tokens + cost.sparse_layers * self.z)
+        self.model.minimize(self.m_units * self.max_tokens + cost.sparse_layers * self.z)
 
     # --- hint and solve -----------------------------------------------------------------
     def hint(self, parent: Parent) -> None:
@@ -181,20 +195,18 @@ class ChildModel:
                 slots = [j for j, s in enumerate(self.slots) if s.node == new_n and s.size == k]
                 for j, c in zip(slots, kids, strict=False):
                     chosen[j] = c
-        proto = self.model.Proto().solution_hint
+        proto = self.model.proto.solution_hint
         for j, var in enumerate(self.used):
-            proto.vars.append(var.Index())
+            proto.vars.append(var.index)
             proto.values.append(int(j in chosen))
         where = {s: j for j, c in chosen.items() for s in c.samples}
         for (i, j), var in self.x.items():
-            proto.vars.append(var.Index())
+            proto.vars.append(var.index)
             proto.values.append(int(where.get(i) == j))
         busiest = max(-(-sum(p.tokens[s] for s in c.samples) // c.size) for c in chosen.values())
-        slowest = max(
-            sum(self.child_units(s, c.size) for s in c.samples) for c in chosen.values()
-        )
+        slowest = max(sum(self.child_units(s, c.size) for s in c.samples) for c in chosen.values())
         for var, value in ((self.max_tokens, busiest), (self.z, slowest)):
-            proto.vars.append(var.Index())
+            proto.vars.append(var.index)
             proto.values.append(value)
 
     def solve(self, deadline_s: float) -> ChildModelResult:
@@ -206,10 +218,10 @@ class ChildModel:
         params.cp_model_presolve = False  # presolve costs more than it saves at this size
         params.random_seed = 0
         params.cp_model_probing_level = 0  # probing alone would eat the whole work limit
-        status = solver.Solve(self.model)
-        bound = min(self.incumbent, self.full_const_s + solver.BestObjectiveBound() * TIME_UNIT_S)
+        status = solver.solve(self.model)
+        bound = min(self.incumbent, self.full_const_s + solver.best_objective_bound * TIME_UNIT_S)
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        wall = solver.WallTime() >= params.max_time_in_seconds * 0.99
+        wall = solver.wall_time >= params.max_time_in_seconds * 0.99
         if status == cp_model.INFEASIBLE:
             # Nothing beats the incumbent: the incumbent is a bound of the repacked layouts.
             return ChildModelResult(None, self.incumbent, True, False)
@@ -225,13 +237,13 @@ class ChildModel:
         children: list[Child] = []
         for n in range(self.nodes):
             slots = [
-                j for j, s in enumerate(self.slots) if s.node == n and solver.Value(self.used[j])
+                j for j, s in enumerate(self.slots) if s.node == n and solver.value(self.used[j])
             ]
             slots.sort(key=lambda j: (-self.slots[j].size, j))
             at = self.start + n * self.g
             for j in slots:
                 members = tuple(
-                    i for i in self.members if (i, j) in self.x and solver.Value(self.x[i, j])
+                    i for i in self.members if (i, j) in self.x and solver.value(self.x[i, j])
                 )
                 children.append(Child(at, self.slots[j].size, members))
                 at += self.slots[j].size

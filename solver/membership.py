@@ -71,7 +71,11 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
     lin = cost.linear_seconds_per_token
     # Per parent size: (1/P, seconds per busiest-rank token of a full layer, of a sparse layer).
     coef = {
-        size: (1.0 / size, nf * (lin + cost.a2a_seconds_per_token(size)), ns * (lin + cost.a2a_seconds_per_token(size)))
+        size: (
+            1.0 / size,
+            nf * (lin + cost.a2a_seconds_per_token(size)),
+            ns * (lin + cost.a2a_seconds_per_token(size)),
+        )
         for size in {1 << i for i in range(cost.world_size.bit_length())}
     }
 
@@ -190,7 +194,9 @@ class _Balancer:
 
     def _improve_critical(self, c: int, costs: list[float], budget: int) -> bool:
         target = costs[c] * (1 - IMPROVEMENT_EPS)
-        receivers = sorted((j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j))
+        receivers = sorted(
+            (j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j)
+        )
         receivers = receivers[:RECEIVERS]
         work = self.p.work_s
         heavy_first = sorted(self.loads[c].members, key=lambda s: (-work[s], s))

@@ -15,6 +15,7 @@ from solver.membership import balance
 from solver.problem import Problem
 from solver.schema import PlanRequest, allowed_parent_sizes
 
+
 def derive_parent_sizes(
     problem: Problem, request: PlanRequest
 ) -> tuple[list[int], list[list[int]]]:
