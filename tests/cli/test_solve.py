@@ -80,8 +80,11 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
         ("zero.json", '{"lengths": [5, 6, 7, 0]}', ("lengths[3] = 0 must be >= 1",)),
         ("nodes.json", '{"lengths": [5], "cluster": {"nodes": 0}}', ("cluster.nodes",)),
         ("list.json", "[1, 2]", ("valid dictionary",)),
-        ("fit.json", '{"lengths": [5], "cluster": {"nodes": 1}, "parent_sizes": [16]}',
-         ("parent_sizes",)),
+        (
+            "fit.json",
+            '{"lengths": [5], "cluster": {"nodes": 1}, "parent_sizes": [16]}',
+            ("parent_sizes",),
+        ),
     ],
 )
 def test_bad_request_is_one_line_exit_2(
