@@ -87,9 +87,14 @@ def map_progress(
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
             futures: dict[Future[T], int] = {pool.submit(call): i for i, call in enumerate(calls)}
-            for future in as_completed(futures):
-                yield futures[future], future.result()
-                bar.update()
+            try:
+                for future in as_completed(futures):
+                    yield futures[future], future.result()
+                    bar.update()
+            except BaseException:
+                # Fail fast: without this, leaving the block would run every queued call.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
 
 
 def replay(
