@@ -113,7 +113,11 @@ def bench_size(
     latencies, gaps, hits = [], [], 0
     for request in requests:
         t0 = time.perf_counter()
-        result = plan(request, deadline_ms=deadline_ms)
+        try:
+            result = plan(request, deadline_ms=deadline_ms)
+        except Exception as exc:
+            exc.add_note(f"{gpus} GPUs, step {request.step}, mode {request.mode}")
+            raise
         latencies.append((time.perf_counter() - t0) * 1e3)
         if result.metrics.gap is not None:
             gaps.append(result.metrics.gap)

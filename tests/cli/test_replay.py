@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from cli.replay import REPLAY_MODES, replay
+from cli.replay_stats import wide_steps
 from solver.trace import load_trace
-from tests.cli.helpers import REQUEST_DIR, SMALL_TRACE, Repack, assert_one_line_error
+from tests.cli.helpers import REQUEST_DIR, SCENARIOS, SMALL_TRACE, Repack, assert_one_line_error
 
 
 def test_replay_json_on_small_scenario(repack: Repack) -> None:
@@ -98,3 +99,12 @@ def test_bench_table(repack: Repack) -> None:
 @pytest.mark.parametrize("size", ["16", "12:50", "16:x", "16:100000"])
 def test_bench_bad_size_is_one_line(repack: Repack, size: str) -> None:
     assert_one_line_error(repack("bench", "--sizes", size, "--repeats", "1"), size)
+
+
+@pytest.mark.slow
+def test_gpu64_scenario_needs_wide_parents_in_about_a_tenth_of_steps() -> None:
+    """The documented property of scenarios/gpu64-200steps.yaml, measured with the planner."""
+    requests = list(load_trace(SCENARIOS / "gpu64-200steps.yaml"))
+    results = replay(requests, ("baseline",), workers=2)
+    share = len(wide_steps(results)) / len(requests)
+    assert 0.05 <= share <= 0.15
