@@ -4,7 +4,7 @@ A *trace* is a sequence of training steps; each step is a global batch of variab
 samples planned by one ``PlanRequest``. The generator draws every batch the same way:
 
 1. the **token budget** of a step is ``fill * world_size * max_tokens_per_rank``, a share of the
-   cluster's activation memory (below 1, so that the batch can always be placed);
+   cluster's activation memory (at most 1; the scenarios leave 30-45% headroom);
 2. sample lengths are drawn i.i.d. from a **mixture**: with probability ``1 - tail_prob`` a
    lognormal *body* (median ``body_median``, log-space spread ``body_sigma``), else a *truncated
    Pareto tail* on ``[tail_min, max_length]`` with index ``tail_alpha``; every length is rounded

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cli.replay import REPLAY_MODES, replay
-from cli.replay_stats import wide_steps
+from cli.replay_stats import StepResult, wide_steps
 from solver.trace import load_trace
 from tests.cli.helpers import REQUEST_DIR, SCENARIOS, SMALL_TRACE, Repack, assert_one_line_error
 
@@ -44,8 +44,15 @@ def test_replay_parallel_matches_serial() -> None:
     requests = list(load_trace(REQUEST_DIR))
     serial = replay(requests, REPLAY_MODES, workers=1)
     parallel = replay(requests, REPLAY_MODES, workers=2)
-    strip = [(r.step, r.mode, r.wide, r.step_time_ms, r.gap) for r in serial]
-    assert strip == [(r.step, r.mode, r.wide, r.step_time_ms, r.gap) for r in parallel]
+    order = [(i, mode) for i in range(len(requests)) for mode in REPLAY_MODES]
+    assert [(r.step, r.mode) for r in serial] == [(r.step, r.mode) for r in parallel] == order
+
+    # Only the baseline is compared value for value: CP-SAT's polish can stop at a different
+    # point when the machine is loaded (its wall-clock limit), so the repack modes may differ.
+    def baseline(results: list[StepResult]) -> list[tuple[int, bool, float, float | None]]:
+        return [(r.step, r.wide, r.step_time_ms, r.gap) for r in results if r.mode == "baseline"]
+
+    assert baseline(serial) == baseline(parallel)
 
 
 def test_replay_bad_file_in_directory_is_named(repack: Repack, tmp_path: Path) -> None:
