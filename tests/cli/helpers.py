@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
-EXAMPLE_REQUEST = SCENARIOS / "example-2node.json"
+EXAMPLE_REQUEST = ROOT / "docs" / "contract-examples" / "request-2node.json"
 SMALL_TRACE = SCENARIOS / "gpu16-small.yaml"
 REQUEST_DIR = SCENARIOS / "gpu16-requests"
 
