@@ -53,10 +53,8 @@ class BenchSize:
         """A trace whose steps hold about ``samples`` samples on ``gpus`` ranks."""
         cluster = ClusterSpec(nodes=self.gpus // GPUS_PER_NODE, gpus_per_node=GPUS_PER_NODE)
         widest = max(allowed_parent_sizes(cluster, ModelSpec()))
-        default = LengthDistribution()
-        lengths = default.model_copy(
-            update={"max_length": min(default.max_length, widest * cluster.max_tokens_per_rank)}
-        )
+        cap = widest * cluster.max_tokens_per_rank
+        lengths = LengthDistribution(max_length=min(LengthDistribution().max_length, cap))
         fill = (
             self.samples
             * lengths.mean_length()
@@ -97,9 +95,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="GPUS:SAMPLES",
         help=f"problem sizes (default: {' '.join(DEFAULT_SIZES)})",
     )
-    p.add_argument("--repeats", type=positive_int, default=20, help="steps per size")
-    p.add_argument("--mode", choices=MODES, default="repack+parent")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats", type=positive_int, default=20, metavar="N", help="steps per size (default 20)"
+    )
+    p.add_argument("--mode", choices=MODES, default="repack+parent", help="default repack+parent")
+    p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     add_deadline(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

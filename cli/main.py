@@ -10,6 +10,11 @@ from typing import NoReturn
 
 from cli.errors import EXIT_BAD_INPUT, PROG, guarded
 
+DESCRIPTION = (
+    "Layerwise Repacking planner, offline: plan a step, check a plan, replay a trace in "
+    "several modes, benchmark the solver. Bad input exits 2 with one line on stderr."
+)
+
 COMMAND_MODULES = ("cli.solve", "cli.validate", "cli.replay", "cli.bench")
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
@@ -22,7 +27,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description=__doc__)
+    parser = OneLineParser(prog=PROG, description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -45,12 +45,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("trace", help="scenario YAML, directory of request files, or one request")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(REPLAY_MODES))
-    p.add_argument("--steps", type=positive_int, default=None, help="only the first N steps")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(REPLAY_MODES),
+        metavar="M",
+        help=f"modes to run, in table order (default: {' '.join(REPLAY_MODES)}; "
+        f"choices: {', '.join(MODES)})",
+    )
+    p.add_argument(
+        "--steps", type=positive_int, default=None, metavar="N", help="only the first N steps"
+    )
     p.add_argument(
         "--workers",
         type=positive_int,
         default=os.cpu_count() or 1,
+        metavar="N",
         help="processes (default: all CPUs)",
     )
     add_deadline(p)
