@@ -91,7 +91,7 @@ class ParentPacker:
         for s in self.order:
             placed = False
             if heap:
-                c, j = heap[0]
+                _, j = heap[0]
                 par = parents[j]
                 if par.tokens + p.tokens[s] <= p.capacity(par.size):
                     new = self.cost(par, s)
