@@ -101,12 +101,12 @@ class ParentPacker:
                         placed = True
             if placed:
                 continue
-            par = self._open(buddy, s, target)
-            if par is None:
+            opened = self._open(buddy, s, target)
+            if opened is None:
                 return None
-            self.add(par, s)
-            parents.append(par)
-            heapq.heappush(heap, (self.cost(par), len(parents) - 1))
+            self.add(opened, s)
+            parents.append(opened)
+            heapq.heappush(heap, (self.cost(opened), len(parents) - 1))
         self._grow(buddy, parents)
         return parents + [_OpenParent(start, size) for start, size in self._allowed_blocks(buddy)]
 
