@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
+from solver.budget import Budget
 from solver.children import polish, solve_children
-from solver.deadline import Deadline
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, members_from_parent_of
 from solver.parent_packer import ParentPacker, SizedMembership
@@ -57,10 +57,11 @@ def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int]
     return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy)
 
 
-def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
-    """Solve one step. ``deadline_ms`` overrides the request's (and the default)."""
+def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: bool = True) -> Plan:
+    """Solve one step. ``deadline_ms`` overrides the request's (and the default);
+    ``use_cpsat=False`` returns the greedy plan (for benchmarks)."""
     t0 = time.perf_counter()
-    deadline = Deadline(deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS)
+    budget = Budget(deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS, use_cpsat)
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
@@ -74,14 +75,14 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
         base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
     best = {
         "baseline": lambda: base,
-        "sizing": lambda: _sizing(problem, request, base, deadline),
-        "repack": lambda: _repack(problem, sizes, base_members, deadline),
-        "repack+parent": lambda: _repack_parent(problem, sizes, base_members, deadline),
+        "sizing": lambda: _sizing(problem, request, base, budget),
+        "repack": lambda: _repack(problem, sizes, base_members, budget),
+        "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
         "repack+sizing": lambda: _repack_sizing(
-            problem, request, base, sizes, base_members, deadline
+            problem, request, base, sizes, base_members, budget
         ),
     }[mode]()
-    outcome = _outcome(best, base.evaluation, deadline)
+    outcome = _outcome(best, base.evaluation, budget)
     return build_plan(
         request,
         mode,
@@ -93,24 +94,24 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
 
 
 def _repack(
-    problem: Problem, sizes: list[int], members: list[list[int]], deadline: Deadline
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
 ) -> _Candidate:
     """Children for the upstream membership; the bound holds for that membership."""
-    fixed = polish(problem, solve_children(problem, sizes, members, deadline), deadline)
+    fixed = polish(problem, solve_children(problem, sizes, members, budget), budget)
     return _Candidate(fixed.layout, fixed.evaluation, max(fixed.parent_bounds))
 
 
 def _repack_parent(
-    problem: Problem, sizes: list[int], members: list[list[int]], deadline: Deadline
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
 ) -> _Candidate:
     """Membership re-solved for repacking; kept only if it beats exactly what ``repack``
     returns, so the modes stay ordered (polishing can only make it better still)."""
-    best = _repack(problem, sizes, members, deadline)
-    if not deadline.expired():
+    best = _repack(problem, sizes, members, budget)
+    if not budget.expired():
         moved_members = balance(problem, sizes, "repack", start=members)
-        moved = solve_children(problem, sizes, moved_members, deadline)
+        moved = solve_children(problem, sizes, moved_members, budget)
         if moved.evaluation.step_s < best.evaluation.step_s:
-            moved = polish(problem, moved, deadline)
+            moved = polish(problem, moved, budget)
             best = _Candidate(moved.layout, moved.evaluation, best.lower_bound_s)
     # The membership is a decision here: only a bound over all memberships is true.
     free = membership_free_bound(problem, sizes, repack=True)
@@ -129,14 +130,12 @@ def _sized(
     return SizedMembership(sized.sizes, members, sized.estimate_s)
 
 
-def _sizing(
-    problem: Problem, request: PlanRequest, base: _Candidate, deadline: Deadline
-) -> _Candidate:
+def _sizing(problem: Problem, request: PlanRequest, base: _Candidate, budget: Budget) -> _Candidate:
     """FlexSP-style: heterogeneous parent sizes and membership, no repacking."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=False)
     sized = _sized(problem, request, "baseline", base.evaluation.step_s)
-    if sized is not None and not deadline.expired():
+    if sized is not None and not budget.expired():
         layout = baseline_layout(sized.sizes, sized.members)
         evaluation = evaluate(layout, problem.cost, problem.costs)
         if evaluation.step_s < base.evaluation.step_s:
@@ -150,33 +149,33 @@ def _repack_sizing(
     base: _Candidate,
     sizes: list[int],
     members: list[list[int]],
-    deadline: Deadline,
+    budget: Budget,
 ) -> _Candidate:
     """Sizes, membership and children together; never slower than ``repack+parent``."""
-    best = _repack_parent(problem, sizes, members, deadline)
+    best = _repack_parent(problem, sizes, members, budget)
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=True)
     # Both estimates size parents: the exact unrepacked one (so the result is never slower
     # than `sizing`) and the optimistic repacked one (which dares narrower parents).
     for objective in SIZING_OBJECTIVES:
-        if deadline.expired():
+        if budget.expired():
             break
         # Same search range as mode `sizing`, so its membership is among the candidates.
         sized = _sized(problem, request, objective, base.evaluation.step_s)
         if sized is None:
             continue
-        found = solve_children(problem, sized.sizes, sized.members, deadline)
+        found = solve_children(problem, sized.sizes, sized.members, budget)
         if found.evaluation.step_s < best.evaluation.step_s:
-            found = polish(problem, found, deadline)
+            found = polish(problem, found, budget)
             best = _Candidate(found.layout, found.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
 
-def _outcome(best: _Candidate, base: LayoutEval, deadline: Deadline) -> SolveOutcome:
+def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:
     step = best.evaluation.step_s
     lb = min(best.lower_bound_s, step)
     proven = step - lb <= GAP_TOLERANCE * step
-    stopped: StoppedBy = "optimal" if proven else ("deadline" if deadline.fired else "work_limit")
+    stopped: StoppedBy = "optimal" if proven else ("deadline" if budget.fired else "work_limit")
     return SolveOutcome(
         layout=best.layout,
         evaluation=best.evaluation,
