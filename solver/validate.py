@@ -16,6 +16,9 @@ REL_TOL = 1e-4
 """Metrics are compared with this relative tolerance (plans round them for the wire)."""
 ABS_TOL_MS = 2e-3
 
+SIZING_MODES = ("sizing", "repack+sizing")
+"""Modes that choose their own parent sizes (the request's are only the baseline's)."""
+
 
 def _close(a: float, b: float, abs_tol: float = 0.0) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=abs_tol)
@@ -99,7 +102,7 @@ def _check_parents(request: PlanRequest, plan: Plan) -> list[str]:
     if at != cluster.world_size:
         errors.append(f"parents cover ranks [0, {at}), the cluster has {cluster.world_size}")
     sizes = [p.ranks[1] - p.ranks[0] for p in plan.parents]
-    fixed_sizes = request.parent_sizes is not None and plan.mode != "repack+sizing"
+    fixed_sizes = request.parent_sizes is not None and plan.mode not in SIZING_MODES
     if fixed_sizes and sizes != list(request.parent_sizes or []):
         errors.append(f"parent sizes {sizes} differ from the request's {request.parent_sizes}")
     if request.parent_of is not None and plan.mode in ("baseline", "repack"):
@@ -235,8 +238,8 @@ def _check_metrics(request: PlanRequest, plan: Plan) -> list[str]:
         want_gap = (step_ms - m.lower_bound_ms) / step_ms
         if not _close(m.gap, want_gap, 1e-4):
             errors.append(f"metrics.gap = {m.gap}, step time and bound give {want_gap:.6g}")
-    if plan.mode == "baseline" and any(
+    if plan.mode in ("baseline", "sizing") and any(
         len([c for c in plan.children if c.parent == p.id]) != 1 for p in plan.parents
     ):
-        errors.append("mode baseline: every parent must be one child (unrepacked)")
+        errors.append(f"mode {plan.mode}: every parent must be one child (unrepacked)")
     return errors

@@ -15,7 +15,11 @@ from solver.schema import Plan, PlanRequest
 from solver.validate import validate_plan
 from tests.helpers import ROOT, example_request, long_tailed_lengths, request
 
-MODES = ("baseline", "repack", "repack+parent")
+MODES = ("baseline", "sizing", "repack", "repack+parent", "repack+sizing")
+ORDERED_CHAINS = (
+    ("baseline", "repack", "repack+parent", "repack+sizing"),
+    ("baseline", "sizing", "repack+sizing"),
+)
 
 
 def plans_by_mode(req: PlanRequest) -> dict[str, Plan]:
@@ -37,8 +41,9 @@ def test_modes_are_ordered_and_valid(seed: int) -> None:
         assert validate_plan(req, p) == []
         assert p.metrics.lower_bound_ms is not None
         assert p.metrics.lower_bound_ms <= p.metrics.step_time_ms + 1e-6
-    times = [plans[m].metrics.step_time_ms for m in MODES]
-    assert times[0] >= times[1] >= times[2]
+    for chain in ORDERED_CHAINS:
+        times = [plans[m].metrics.step_time_ms for m in chain]
+        assert times == sorted(times, reverse=True), chain
     assert len({p.metrics.baseline_step_time_ms for p in plans.values()}) == 1
 
 
@@ -78,6 +83,16 @@ def test_derived_parent_sizes_follow_the_memory_rule() -> None:
     p = plan(request(lengths=[70_000] + [1_000] * 50))
     sizes = {pp.ranks[1] - pp.ranks[0] for pp in p.parents}
     assert len(sizes) == 1 and min(sizes) * 32768 >= 70_000
+
+
+def test_sizing_gives_the_long_sample_a_wide_parent_and_short_ones_narrow() -> None:
+    req = wide_request(11)
+    p = plan(req.model_copy(update={"mode": "repack+sizing"}), deadline_ms=60_000)
+    assert validate_plan(req, p) == []
+    sizes = [pp.ranks[1] - pp.ranks[0] for pp in p.parents]
+    long_size = next(pp.ranks[1] - pp.ranks[0] for pp in p.parents if 0 in pp.samples)
+    assert len(set(sizes)) > 1 and long_size == max(sizes)
+    assert p.metrics.speedup > plan(req.model_copy(update={"mode": "repack"})).metrics.speedup
 
 
 def test_example_repack_is_proven_optimal() -> None:

@@ -27,7 +27,9 @@ def test_minimal_request_gets_every_default() -> None:
     assert req.cluster.gpus_per_node == 8 and req.cluster.world_size == 64
     assert req.cluster.inter_node_gbps == pytest.approx(160 / 7)
     assert req.model.full_layers == 12 and req.model.sparse_layers == 36
-    assert req.resolved_mode == "repack+parent"
+    assert req.resolved_mode == "repack+sizing"
+    given = PlanRequest.model_validate({"lengths": [1], "parent_sizes": [32, 32]})
+    assert given.resolved_mode == "repack+parent"
 
 
 def test_named_profiles_fill_fields_and_allow_overrides() -> None:
