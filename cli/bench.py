@@ -2,8 +2,10 @@
 
 For each problem size, ``--repeats`` generated steps (the default length distribution of
 ``solver.trace``, with the token budget set so that a step holds about SAMPLES samples) are
-planned one after another in this process; the table gives the wall-clock latency of
-``plan()`` (p50/p95/p99), the median gap to the lower bound and how often the deadline fired.
+planned one after another in this process, by the whole planner (``full``: greedy + CP-SAT)
+and by its greedy stages only (``greedy``, ``plan(..., use_cpsat=False)``); the table gives the
+wall-clock latency of ``plan()`` (p50/p95/p99), the median gap to the lower bound and how often
+the deadline fired.
 Latencies are measurements of this machine, printed, never asserted.
 """
 
@@ -66,9 +68,15 @@ class BenchSize:
         return Scenario(job_id=f"bench-{self.gpus}", cluster=cluster, trace=trace)
 
 
+SOLVERS = {"full": True, "greedy": False}
+"""Row label -> ``plan(..., use_cpsat=...)``: the whole planner, and its greedy stages only."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class BenchRow:
     gpus: int
+    solver: str
+    """``full`` (greedy + CP-SAT) or ``greedy`` (greedy stages only)."""
     samples: float
     """Mean samples per step."""
     repeats: int
@@ -101,22 +109,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=MODES, default="repack+parent", help="default repack+parent")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     add_deadline(p)
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy-only rows")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
 def bench_size(
-    requests: list[PlanRequest], gpus: int, deadline_ms: int | None, done: Callable[[], object]
+    requests: list[PlanRequest],
+    gpus: int,
+    solver: str,
+    deadline_ms: int | None,
+    done: Callable[[], object],
 ) -> BenchRow:
-    """Plan each request once, timing the whole ``plan()`` call."""
+    """Plan each request once with ``solver``, timing the whole ``plan()`` call."""
     latencies, gaps, hits = [], [], 0
     for request in requests:
         t0 = time.perf_counter()
         try:
-            result = plan(request, deadline_ms=deadline_ms)
+            result = plan(request, deadline_ms=deadline_ms, use_cpsat=SOLVERS[solver])
         except Exception as exc:
-            exc.add_note(f"{gpus} GPUs, step {request.step}, mode {request.mode}")
+            exc.add_note(f"{gpus} GPUs, step {request.step}, mode {request.mode}, {solver}")
             raise
         latencies.append((time.perf_counter() - t0) * 1e3)
         if result.metrics.gap is not None:
@@ -126,6 +139,7 @@ def bench_size(
     p50, p95, p99 = (float(np.percentile(latencies, q)) for q in PERCENTILES)
     return BenchRow(
         gpus=gpus,
+        solver=solver,
         samples=float(np.mean([len(r.lengths) for r in requests])),
         repeats=len(requests),
         p50_ms=p50,
@@ -144,12 +158,14 @@ def run(args: argparse.Namespace) -> int:
         ]
         for size in args.sizes
     ]
+    solvers = ["full"] if args.no_greedy else list(SOLVERS)
     plan(batches[0][0], deadline_ms=args.deadline_ms)  # warm-up: imports, solver start-up
-    total = sum(len(b) for b in batches)
+    total = sum(len(b) for b in batches) * len(solvers)
     with tqdm(total=total, file=sys.stderr, unit="plan", disable=args.no_progress) as bar:
         rows = [
-            bench_size(batch, size.gpus, args.deadline_ms, bar.update)
+            bench_size(batch, size.gpus, solver, args.deadline_ms, bar.update)
             for size, batch in zip(args.sizes, batches, strict=True)
+            for solver in solvers
         ]
     if args.json:
         print(json.dumps({"mode": args.mode, "rows": [asdict(r) for r in rows]}, indent=1))
@@ -160,10 +176,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rows: list[BenchRow]) -> str:
-    header = ["GPUs", "samples", "p50 ms", "p95 ms", "p99 ms", "median gap", "deadline hits"]
+    header = ["GPUs", "solver", "samples", "p50 ms", "p95 ms", "p99 ms", "median gap"]
+    header.append("deadline hits")
     body = [
         [
             str(r.gpus),
+            r.solver,
             f"{r.samples:.0f}",
             f"{r.p50_ms:.1f}",
             f"{r.p95_ms:.1f}",
@@ -173,4 +191,4 @@ def render(rows: list[BenchRow]) -> str:
         ]
         for r in rows
     ]
-    return format_table(header, body)
+    return format_table(header, body, left=2)

@@ -84,18 +84,24 @@ def test_bench_tiny_json(repack: Repack) -> None:
     proc = repack("bench", "--sizes", "16:20", "64:60", "--repeats", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
-    assert [row["gpus"] for row in rows] == [16, 64]
+    assert [(row["gpus"], row["solver"]) for row in rows] == [
+        (16, "full"),
+        (16, "greedy"),
+        (64, "full"),
+        (64, "greedy"),
+    ]
     for row in rows:
         assert row["repeats"] == 3
         assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
     assert 10 <= rows[0]["samples"] <= 40  # about the 20 asked for
-    assert 40 <= rows[1]["samples"] <= 90
+    assert 40 <= rows[2]["samples"] <= 90
 
 
-def test_bench_table(repack: Repack) -> None:
-    proc = repack("bench", "--sizes", "16:20", "--repeats", "2")
+def test_bench_table_without_greedy(repack: Repack) -> None:
+    proc = repack("bench", "--sizes", "16:20", "--repeats", "2", "--no-greedy")
     assert proc.returncode == 0, proc.stderr
-    assert "p99 ms" in proc.stdout and "| 16 " in proc.stdout
+    assert "p99 ms" in proc.stdout and "| 16   | full " in proc.stdout
+    assert "greedy" not in proc.stdout
 
 
 @pytest.mark.parametrize("size", ["16", "12:50", "16:x", "16:100000"])
