@@ -2,7 +2,7 @@
 
 Plans every step of a trace in every mode, in parallel over processes, and prints the
 paper-style table (mean predicted step time, change vs baseline, MFU, gap, solve time) over the
-steps with a parent wider than a node and over all steps.
+steps whose baseline layout has a parent wider than a node and over all steps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ from tqdm import tqdm
 from cli.errors import INPUT_ERRORS, InputError, describe, reading
 from cli.options import MODES, add_deadline, positive_int
 from cli.output import format_table
-from cli.replay_stats import GROUPS, ModeSummary, StepResult, summarize, wide_steps
+from cli.replay_stats import (
+    CLASSIFYING_MODE,
+    GROUPS,
+    ModeSummary,
+    StepResult,
+    summarize,
+    wide_steps,
+)
 from solver.planner import plan
 from solver.schema import PlanRequest
 from solver.trace import load_trace
@@ -116,11 +123,13 @@ def replay(
     deadline_ms: int | None = None,
     progress: bool = False,
 ) -> list[StepResult]:
-    """Every (step, mode) result, in request order then ``modes`` order."""
+    """Every (step, mode) result, in request order then mode order; the baseline, which
+    classifies the steps, is solved too when ``modes`` lacks it (and listed first)."""
+    solved = list(modes) if CLASSIFYING_MODE in modes else [CLASSIFYING_MODE, *modes]
     calls = [
         partial(solve_step, i, request, mode, deadline_ms)
         for i, request in enumerate(requests)
-        for mode in modes
+        for mode in solved
     ]
     results: list[StepResult | None] = [None] * len(calls)
     for k, result in map_progress(calls, min(workers, len(calls)), progress=progress):

@@ -12,6 +12,10 @@ from solver.schema import Plan
 GROUPS = ("wide", "all")
 """Step groups of the table: steps with a parent wider than a node, and every step."""
 
+CLASSIFYING_MODE = "baseline"
+"""The mode whose plan decides whether a step is a wide-parent step: the upstream layout, the
+same whichever modes a replay runs (modes that size parents may choose others)."""
+
 SOLVE_PERCENTILE = 99
 
 
@@ -61,8 +65,8 @@ class ModeSummary:
 
 
 def wide_steps(results: Iterable[StepResult]) -> set[int]:
-    """Steps where any mode's plan has a parent wider than a node."""
-    return {r.step for r in results if r.wide}
+    """Steps whose baseline plan has a parent wider than a node (none without baseline rows)."""
+    return {r.step for r in results if r.mode == CLASSIFYING_MODE and r.wide}
 
 
 def _mean(values: Sequence[float]) -> float | None:

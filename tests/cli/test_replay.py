@@ -14,6 +14,16 @@ from solver.trace import load_trace
 from tests.cli.helpers import REQUEST_DIR, SCENARIOS, SMALL_TRACE, Repack, assert_one_line_error
 
 
+def test_replay_without_baseline_mode_still_classifies_steps() -> None:
+    requests = list(load_trace(REQUEST_DIR))
+    results = replay(requests, ("repack",), workers=1)
+    assert [(r.step, r.mode) for r in results] == [
+        (i, mode) for i in range(len(requests)) for mode in ("baseline", "repack")
+    ]
+    assert wide_steps(results) == wide_steps(replay(requests, ("baseline",), workers=1))
+    assert len(wide_steps(results)) == 1  # the directory trace has one step with 16-rank parents
+
+
 def test_replay_json_on_small_scenario(repack: Repack) -> None:
     proc = repack("replay", SMALL_TRACE, "--steps", "2", "--workers", "2", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -77,7 +87,7 @@ def test_replay_survives_a_deadline_that_fires() -> None:
     """A deadline that fires mid-search still gives a plan for every step (design section 4)."""
     requests = list(load_trace(SMALL_TRACE))
     results = replay(requests, ("repack",), workers=1, deadline_ms=1)
-    assert len(results) == len(requests)
+    assert [r.step for r in results if r.mode == "repack"] == list(range(len(requests)))
 
 
 def test_bench_tiny_json(repack: Repack) -> None:

@@ -31,18 +31,20 @@ def _result(
 
 
 RESULTS = [
-    # step 0 has a wide parent (only visible in the repack plan: any mode counts)
-    _result(0, "baseline", 200.0, base=200.0, gap=0.2, solve=10.0, mfu=0.3),
+    # step 0's baseline has a wide parent; step 1's only in mode repack (which then chose one):
+    # the baseline decides, so only step 0 is a wide-parent step
+    _result(0, "baseline", 200.0, base=200.0, wide=True, gap=0.2, solve=10.0, mfu=0.3),
     _result(0, "repack", 150.0, base=200.0, wide=True, gap=0.1, solve=30.0, mfu=0.4),
     _result(1, "baseline", 100.0, gap=0.0, solve=2.0, mfu=0.5),
-    _result(1, "repack", 90.0, gap=0.05, solve=4.0, mfu=0.6),
+    _result(1, "repack", 90.0, wide=True, gap=0.05, solve=4.0, mfu=0.6),
     _result(2, "baseline", 100.0, gap=0.0, solve=3.0, mfu=0.5),
     _result(2, "repack", 100.0, gap=0.0, solve=5.0, mfu=0.5),
 ]
 
 
-def test_wide_steps_from_any_mode() -> None:
+def test_wide_steps_are_decided_by_the_baseline() -> None:
     assert wide_steps(RESULTS) == {0}
+    assert wide_steps([r for r in RESULTS if r.mode != "baseline"]) == set()
 
 
 def test_summary_all_steps() -> None:
