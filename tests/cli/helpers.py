@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT, example_path
+
 SCENARIOS = ROOT / "scenarios"
-EXAMPLE_REQUEST = ROOT / "docs" / "contract-examples" / "request-2node.json"
+EXAMPLE_REQUEST = example_path("request-2node.json")
 SMALL_TRACE = SCENARIOS / "gpu16-small.yaml"
 REQUEST_DIR = SCENARIOS / "gpu16-requests"
 

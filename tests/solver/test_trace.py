@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from solver.schema import ClusterSpec, PlanRequest
 from solver.trace import LengthDistribution, Scenario, TraceSpec, load_trace
+from tests.helpers import ROOT
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = ROOT / "scenarios"
 CLUSTER64 = ClusterSpec(nodes=8)
 
 
