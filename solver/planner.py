@@ -77,12 +77,15 @@ def solve_children(
     return _Candidate(layout, evaluate(layout, problem.cost, problem.costs), max(bounds))
 
 
-def _baseline_members(
-    problem: Problem, request: PlanRequest, sizes: Sequence[int]
-) -> list[list[int]]:
-    if request.parent_of is not None:
-        return members_from_parent_of(request.parent_of, len(sizes))
-    return balance(problem, sizes, "baseline")
+def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int], list[list[int]]]:
+    """Parent sizes and the baseline membership: the request's, else derived and balanced."""
+    if request.parent_sizes is not None:
+        sizes = list(request.parent_sizes)
+        if request.parent_of is not None:
+            return sizes, members_from_parent_of(request.parent_of, len(sizes))
+        return sizes, balance(problem, sizes, "baseline")
+    sizes, greedy = derive_parent_sizes(problem, request)
+    return sizes, balance(problem, sizes, "baseline", start=greedy)
 
 
 def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
@@ -92,8 +95,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
     deadline = Deadline(budget)
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
-    sizes = request.parent_sizes or derive_parent_sizes(problem, request)
-    base_members = _baseline_members(problem, request, sizes)
+    sizes, base_members = _baseline_parents(problem, request)
     base_layout = baseline_layout(sizes, base_members)
     base_eval = evaluate(base_layout, problem.cost, problem.costs)
 
@@ -104,7 +106,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
     else:
         best = solve_children(problem, sizes, base_members, deadline)
         if mode in ("repack+parent", "repack+sizing") and not deadline.expired():
-            members = balance(problem, sizes, "repack", start=_parent_of(base_members, problem))
+            members = balance(problem, sizes, "repack", start=base_members)
             candidate = solve_children(problem, sizes, members, deadline)
             if candidate.evaluation.step_s < best.evaluation.step_s:
                 best = candidate
@@ -115,14 +117,6 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
         request, mode, outcome, problem.cost, problem.costs.model_flops,
         solve_ms=(time.perf_counter() - t0) * 1e3,
     )
-
-
-def _parent_of(members: Sequence[Sequence[int]], problem: Problem) -> list[int]:
-    parent_of = [0] * problem.num_samples
-    for j, group in enumerate(members):
-        for s in group:
-            parent_of[s] = j
-    return parent_of
 
 
 def _outcome(best: _Candidate, base: LayoutEval, deadline: Deadline) -> SolveOutcome:
