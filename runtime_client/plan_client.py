@@ -51,6 +51,11 @@ Source = Literal["service", "fallback", "broadcast"]
 class PlanServiceError(RuntimeError):
     """The service gave no usable plan after every attempt."""
 
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        """HTTP attempts made before giving up."""
+
 
 class PlanMismatchError(RuntimeError):
     """Ranks hold different plan layouts for the same step."""
@@ -164,7 +169,7 @@ class PlanClient:
         try:
             plan, attempts = self._fetch_service(request)
         except PlanServiceError as exc:
-            attempts = self.config.retries + 1
+            attempts = exc.attempts
             if not self.config.fallback:
                 raise
             self.stats.fallbacks += 1
@@ -191,26 +196,29 @@ class PlanClient:
                 last = f"attempt {attempt}: {type(exc).__name__}: {exc}"
             else:
                 if response.status_code == 200:
-                    return self._parse(request, response), attempt
+                    return self._parse(request, response, attempt), attempt
                 last = f"attempt {attempt}: HTTP {response.status_code}"
                 if response.status_code != 429 and response.status_code < 500:
-                    raise PlanServiceError(last + f": {response.text[:200]}")
+                    # 4xx: the same request would fail again; e.g. 409 = the idempotency key
+                    # was used with a different body.
+                    raise PlanServiceError(last + f": {response.text[:300]}", attempt)
                 wait = _retry_after(response, wait)
             if attempt <= self.config.retries:
                 time.sleep(min(wait, self.config.max_backoff_s))
                 wait *= 2
-        raise PlanServiceError(last)
+        raise PlanServiceError(last, self.config.retries + 1)
 
     @staticmethod
-    def _parse(request: PlanRequest, response: httpx.Response) -> Plan:
+    def _parse(request: PlanRequest, response: httpx.Response, attempt: int) -> Plan:
         try:
             plan = Plan.model_validate_json(response.content)
         except ValueError as exc:
-            raise PlanServiceError(f"invalid plan JSON: {exc}") from exc
+            raise PlanServiceError(f"invalid plan JSON: {exc}", attempt) from exc
         if (plan.job_id, plan.step) != (request.job_id, request.step):
             raise PlanServiceError(
                 f"plan is for job {plan.job_id!r} step {plan.step}, "
-                f"asked for {request.job_id!r} step {request.step}"
+                f"asked for {request.job_id!r} step {request.step}",
+                attempt,
             )
         return plan
 

@@ -97,7 +97,7 @@ def test_client_error_is_not_retried(service: PlanService) -> None:
     with _client(service.url, retries=3) as client:
         got = client.get(toy_request(6))
     assert got.source == "fallback" and "HTTP 422" in (got.error or "")
-    assert len(service.behaviour.seen) == 1
+    assert got.attempts == 1 and len(service.behaviour.seen) == 1
 
 
 def test_mixed_up_response_is_rejected(service: PlanService) -> None:
