@@ -249,17 +249,25 @@ def layout_digest(plan: Plan) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    """NCCL only moves device tensors; gloo moves host tensors."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def agree_on_plan(plan: Plan, group: dist.ProcessGroup | None = None) -> str:
     """All-gather every rank's layout digest; raise ``PlanMismatchError`` on all ranks if any
     differs. Returns the agreed digest (hex). Collective over ``group`` (default: world)."""
-    mine_B = torch.frombuffer(bytearray(layout_digest(plan)), dtype=torch.uint8)
+    device = _collective_device(group)
+    mine_B = torch.frombuffer(bytearray(layout_digest(plan)), dtype=torch.uint8).to(device)
     world = dist.get_world_size(group)
     gathered = [torch.empty_like(mine_B) for _ in range(world)]
     dist.all_gather(gathered, mine_B, group=group)
     # Host sync on GPU backends: 32 bytes per rank, once per step, to compare on the host.
     by_digest: dict[str, list[int]] = {}
     for r, digest_B in enumerate(gathered):
-        by_digest.setdefault(digest_B.numpy().tobytes().hex(), []).append(r)
+        by_digest.setdefault(digest_B.cpu().numpy().tobytes().hex(), []).append(r)
     if len(by_digest) > 1:
         groups = "; ".join(f"{d[:12]}: ranks {rs}" for d, rs in by_digest.items())
         raise PlanMismatchError(f"ranks disagree on plan {plan.plan_id}: {groups}")
@@ -271,19 +279,20 @@ def broadcast_plan(plan: Plan | None, src: int = 0, group: dist.ProcessGroup | N
     is_src = dist.get_rank() == src
     if is_src and plan is None:
         raise ValueError("the source rank must pass a plan")
+    device = _collective_device(group)
     payload = plan.model_dump_json().encode() if is_src and plan is not None else b""
     # Counts before data: the receivers size their buffer from the broadcast length.
-    size_1 = torch.tensor([len(payload)], dtype=torch.int64)
+    size_1 = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     dist.broadcast(size_1, src=src, group=group)
     buffer_B = (
-        torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
         if is_src
-        else torch.empty(int(size_1.item()), dtype=torch.uint8)  # host sync on GPU backends
+        else torch.empty(int(size_1.item()), dtype=torch.uint8, device=device)  # host sync (GPU)
     )
     dist.broadcast(buffer_B, src=src, group=group)
     if is_src and plan is not None:
         return plan
-    return Plan.model_validate_json(buffer_B.numpy().tobytes())
+    return Plan.model_validate_json(buffer_B.cpu().numpy().tobytes())  # host copy (GPU)
 
 
 def fetch_agreed_plan(

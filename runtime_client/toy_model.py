@@ -89,8 +89,8 @@ def varlen_attention(
         k_HLD = k_TKD[a:b].repeat_interleave(rep, dim=1).transpose(0, 1)
         v_HLD = v_TKD[a:b].repeat_interleave(rep, dim=1).transpose(0, 1)
         scores_HLL = q_HLD @ k_HLD.transpose(1, 2) / math.sqrt(dim)
-        i = torch.arange(b - a).unsqueeze(1)
-        j = torch.arange(b - a).unsqueeze(0)
+        i = torch.arange(b - a, device=q_THD.device).unsqueeze(1)
+        j = torch.arange(b - a, device=q_THD.device).unsqueeze(0)
         allowed_LL = j <= i
         if window is not None:
             allowed_LL &= i - j < window
@@ -153,7 +153,7 @@ class RepackAttention:
 def apply_rope(x_NHD: torch.Tensor, pos_N: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary embedding (rotate-half form) at in-sample positions ``pos_N``."""
     half = x_NHD.shape[-1] // 2
-    freq = base ** (-torch.arange(half, dtype=x_NHD.dtype) / half)
+    freq = base ** (-torch.arange(half, dtype=x_NHD.dtype, device=x_NHD.device) / half)
     angle_NF = pos_N.to(x_NHD.dtype).unsqueeze(1) * freq.unsqueeze(0)
     cos, sin = angle_NF.cos().unsqueeze(1), angle_NF.sin().unsqueeze(1)
     x1, x2 = x_NHD[..., :half], x_NHD[..., half:]
@@ -247,7 +247,8 @@ def reference_forward(
     """Single-process reference: every sample run on its own, logits in global packed order."""
     outs = []
     for a, b in itertools.pairwise(global_cu_seqlens):
-        outs.append(model(tokens_T[a:b], torch.arange(b - a), LocalAttention([0, b - a])))
+        pos = torch.arange(b - a, device=tokens_T.device)
+        outs.append(model(tokens_T[a:b], pos, LocalAttention([0, b - a])))
     return torch.cat(outs, dim=0)
 
 
