@@ -22,10 +22,9 @@ def aggregate_bound(problem: Problem) -> float:
     cost = problem.cost
     lin = cost.linear_seconds_per_token
     total_tokens = sum(problem.tokens)
-    rank_seconds = (
-        cost.full_layers * (sum(problem.full_s) + total_tokens * lin)
-        + cost.sparse_layers * sum(problem.work_s)
-    )
+    rank_seconds = cost.full_layers * (
+        sum(problem.full_s) + total_tokens * lin
+    ) + cost.sparse_layers * sum(problem.work_s)
     return rank_seconds / cost.world_size
 
 

@@ -1,9 +1,11 @@
 """Parent membership: which samples share a parent (a min-max balancing problem over parents).
 
-Two objectives use the same machinery, a longest-processing-time greedy followed by a bounded,
+Three objectives use the same machinery, a longest-processing-time greedy followed by a bounded,
 deterministic local search (moves and swaps out of the critical parent):
 
-* ``baseline``: the exact time of unrepacked parents (the service's default membership);
+* ``tokens``: tokens per rank, what a data loader without a cost model balances (memory); this
+  is the service's default upstream membership when a request gives no ``parent_of``;
+* ``baseline``: the exact time of unrepacked parents (the best membership without repacking);
 * ``repack``: a lower-bound estimate of the repacked parent time, which makes parents hold
   samples that their node-local children can balance (the parent solver's first stage).
 """
@@ -20,7 +22,7 @@ from solver.cost_model import ceil_div, child_layer_seconds
 from solver.errors import InfeasibleRequestError
 from solver.problem import Problem
 
-Objective = Literal["baseline", "repack"]
+Objective = Literal["tokens", "baseline", "repack"]
 
 LOCAL_SEARCH_EVALS = 6_000
 """Deterministic work limit of the local search, in candidate evaluations."""
@@ -69,7 +71,11 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
     lin = cost.linear_seconds_per_token
     # Per parent size: (1/P, seconds per busiest-rank token of a full layer, of a sparse layer).
     coef = {
-        size: (1.0 / size, nf * (lin + cost.a2a_seconds_per_token(size)), ns * (lin + cost.a2a_seconds_per_token(size)))
+        size: (
+            1.0 / size,
+            nf * (lin + cost.a2a_seconds_per_token(size)),
+            ns * (lin + cost.a2a_seconds_per_token(size)),
+        )
         for size in {1 << i for i in range(cost.world_size.bit_length())}
     }
 
@@ -85,7 +91,10 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
         spread = (sparse + tokens * lin) * inv
         return nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
 
-    return baseline if objective == "baseline" else repack
+    def tokens_per_rank(size: int, _f: float, _s: float, tokens: int, _l: float) -> float:
+        return tokens / size
+
+    return {"tokens": tokens_per_rank, "baseline": baseline, "repack": repack}[objective]
 
 
 class _Balancer:
@@ -185,7 +194,9 @@ class _Balancer:
 
     def _improve_critical(self, c: int, costs: list[float], budget: int) -> bool:
         target = costs[c] * (1 - IMPROVEMENT_EPS)
-        receivers = sorted((j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j))
+        receivers = sorted(
+            (j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j)
+        )
         receivers = receivers[:RECEIVERS]
         work = self.p.work_s
         heavy_first = sorted(self.loads[c].members, key=lambda s: (-work[s], s))
@@ -215,11 +226,8 @@ class _Balancer:
 
 
 def heavy_order(problem: Problem) -> list[int]:
-    """Samples by decreasing full-attention then total work; index breaks ties (determinism)."""
-    return sorted(
-        range(problem.num_samples),
-        key=lambda s: (-problem.full_s[s], -problem.work_s[s], s),
-    )
+    """Samples by decreasing length; index breaks ties (determinism)."""
+    return sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
 
 
 def balance(

@@ -2,8 +2,9 @@
 
 Rule (documented in the README): memory needs ``P * max_tokens_per_rank >= longest sample``;
 among the allowed power-of-two sizes from that minimum up to the whole cluster (dividing
-``heads``, compatible with ``kv_heads``), the one whose balanced baseline membership predicts
-the shortest baseline step time is taken; ties go to the smaller size (less inter-node traffic).
+``heads``, compatible with ``kv_heads``), the one whose token-balanced membership (the default
+upstream membership) predicts the shortest baseline step time is taken; ties go to the smaller
+size (less inter-node traffic).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from solver.layout import baseline_layout, evaluate
 from solver.membership import balance
 from solver.problem import Problem
 from solver.schema import PlanRequest, allowed_parent_sizes
+
 
 def derive_parent_sizes(
     problem: Problem, request: PlanRequest
@@ -30,7 +32,7 @@ def derive_parent_sizes(
     for size in candidates:
         sizes = [size] * (world // size)
         try:
-            members = balance(problem, sizes, "baseline", budget=0)
+            members = balance(problem, sizes, "tokens", budget=0)
         except InfeasibleRequestError:
             continue
         step = evaluate(baseline_layout(sizes, members), problem.cost, problem.costs).step_s

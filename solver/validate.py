@@ -28,8 +28,7 @@ def _floor_split(total: int, size: int) -> list[int]:
 def validate_plan(request: PlanRequest, plan: Plan) -> list[str]:
     """Every violated rule, one line each; an empty list means the plan is valid."""
     errors: list[str] = []
-    cluster, model = request.cluster, request.model
-    world, g = cluster.world_size, cluster.gpus_per_node
+    g = request.cluster.gpus_per_node
     lengths = request.lengths
 
     errors += _check_parents(request, plan)
@@ -100,9 +99,9 @@ def _check_parents(request: PlanRequest, plan: Plan) -> list[str]:
     if at != cluster.world_size:
         errors.append(f"parents cover ranks [0, {at}), the cluster has {cluster.world_size}")
     sizes = [p.ranks[1] - p.ranks[0] for p in plan.parents]
-    if request.parent_sizes is not None and plan.mode != "repack+sizing":
-        if sizes != list(request.parent_sizes):
-            errors.append(f"parent sizes {sizes} differ from the request's {request.parent_sizes}")
+    fixed_sizes = request.parent_sizes is not None and plan.mode != "repack+sizing"
+    if fixed_sizes and sizes != list(request.parent_sizes or []):
+        errors.append(f"parent sizes {sizes} differ from the request's {request.parent_sizes}")
     if request.parent_of is not None and plan.mode in ("baseline", "repack"):
         for j, p in enumerate(plan.parents):
             want = [s for s, q in enumerate(request.parent_of) if q == j]
@@ -143,7 +142,9 @@ def _check_tokens(request: PlanRequest, plan: Plan) -> list[str]:
     cap = request.cluster.max_tokens_per_rank
     tokens = _expected_tokens(request, plan)
     if plan.tokens != tokens:
-        bad = next(r for r in range(len(tokens)) if r >= len(plan.tokens) or plan.tokens[r] != tokens[r])
+        bad = next(
+            r for r in range(len(tokens)) if r >= len(plan.tokens) or plan.tokens[r] != tokens[r]
+        )
         errors.append(f"tokens[{bad}] does not follow the packing rule (expected {tokens[bad]})")
     over = [r for r, n in enumerate(tokens) if n > cap]
     if over:
@@ -195,10 +196,14 @@ def _inter_bytes(plan: Plan, cost: CostModel) -> float:
     total = 0.0
     for p in plan.parents:
         size = p.ranks[1] - p.ranks[0]
-        total += cost.full_layers * inter_node_bytes(cost, size, plan.tokens[p.ranks[0] : p.ranks[1]])
+        total += cost.full_layers * inter_node_bytes(
+            cost, size, plan.tokens[p.ranks[0] : p.ranks[1]]
+        )
     for c in plan.children:
         size = c.ranks[1] - c.ranks[0]
-        total += cost.sparse_layers * inter_node_bytes(cost, size, plan.tokens[c.ranks[0] : c.ranks[1]])
+        total += cost.sparse_layers * inter_node_bytes(
+            cost, size, plan.tokens[c.ranks[0] : c.ranks[1]]
+        )
     return total
 
 
@@ -211,7 +216,12 @@ def _check_metrics(request: PlanRequest, plan: Plan) -> list[str]:
     checks: Sequence[tuple[str, float, float, float]] = [
         ("step_time_ms", m.step_time_ms, step_ms, ABS_TOL_MS),
         ("mfu", m.mfu, mfu(cost, costs.model_flops, step_ms / 1e3), 1e-4),
-        ("baseline_mfu", m.baseline_mfu, mfu(cost, costs.model_flops, m.baseline_step_time_ms / 1e3), 1e-4),
+        (
+            "baseline_mfu",
+            m.baseline_mfu,
+            mfu(cost, costs.model_flops, m.baseline_step_time_ms / 1e3),
+            1e-4,
+        ),
         ("speedup", m.speedup, m.baseline_step_time_ms / step_ms, 1e-4),
     ]
     if m.inter_node_bytes is not None:
