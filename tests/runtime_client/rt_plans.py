@@ -6,6 +6,8 @@ hand-built plan obeys the same rules as a planned one."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from solver.schema import Plan, PlanRequest
 from solver.validate import validate_plan
 
@@ -27,7 +29,10 @@ def hand_plan(
     max_tokens_per_rank: int = 64,
 ) -> Plan:
     """A valid Plan for the given layout (raises AssertionError if it breaks a layout rule)."""
-    parents_out, children_out, tokens, cu_all = [], [], [], []
+    parents_out: list[dict[str, Any]] = []
+    children_out: list[dict[str, Any]] = []
+    tokens: list[int] = []
+    cu_all: list[list[int]] = []
     full_in: list[list[int]] = []
     full_out: list[list[int]] = []
     at = 0

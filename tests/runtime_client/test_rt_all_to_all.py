@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from rt_plans import hand_plan
+from rt_plans import ChildSpec, hand_plan
 
 from runtime_client.all_to_all import RepackComm, kv_heads_per_rank
 from runtime_client.groups import GroupConfig, RepackGroups
@@ -21,14 +21,18 @@ from solver.schema import Plan
 
 HEADS, DIM = 16, 4
 LENGTHS = [30, 5, 9, 40, 3, 20, 11, 17, 2, 60, 8]
-MIXED = [  # parents 8, 4, 2, 1, 1: children 4, 2, empty 1, 1 / unrepacked 4 / 2 / 1 / 1
+MIXED: list[
+    list[ChildSpec]
+] = [  # parents 8, 4, 2, 1, 1: children 4, 2, empty 1, 1 / unrepacked 4 / 2 / 1 / 1
     [(4, [0]), (2, [1, 2]), (1, []), (1, [3, 8])],
     [(4, [4, 5])],
     [(2, [6, 10])],
     [(1, [7])],
     [(1, [9])],
 ]
-WIDE = [  # one parent of 16 over two nodes: children 8 / 4, 2, 1 and an empty 1
+WIDE: list[
+    list[ChildSpec]
+] = [  # one parent of 16 over two nodes: children 8 / 4, 2, 1 and an empty 1
     [(8, [9, 0]), (4, [3, 1]), (2, [4, 5, 6]), (1, [2, 7, 8, 10]), (1, [])],
 ]
 CASES = [("mixed", MIXED, 4), ("wide", WIDE, 4), ("wide", WIDE, 8), ("wide", WIDE, 16)]

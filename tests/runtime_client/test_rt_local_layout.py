@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rt_plans import hand_plan
+from rt_plans import ChildSpec, hand_plan
 
 from runtime_client.local_layout import LocalLayout, PlanLayoutError, plan_lengths
 from solver.planner import plan
@@ -16,7 +16,7 @@ from solver.schema import Plan, PlanRequest
 DATA = Path(__file__).parent / "data"
 
 LENGTHS = [30, 5, 9, 40, 3, 20, 11]
-LAYOUT = [
+LAYOUT: list[list[ChildSpec]] = [
     [(4, [0]), (2, [1, 2]), (1, []), (1, [3])],  # parent of 8: children 4, 2, empty 1, 1
     [(4, [4, 5])],  # unrepacked parent of 4
     [(2, [6])],

@@ -123,6 +123,11 @@ def _scenario() -> list[tuple[Plan, int]]:
     return steps
 
 
+def _grad(param: torch.nn.Parameter) -> torch.Tensor:
+    assert param.grad is not None
+    return param.grad
+
+
 def _step_errors(
     rank: int, model: ToyModel, ref: ToyModel | None, groups: RepackGroups, p: Plan, seed: int
 ) -> torch.Tensor:
@@ -140,8 +145,7 @@ def _step_errors(
     loss.backward()
     # Data-parallel gradient sync: every rank holds a replica and a share of the tokens.
     for param in model.parameters():
-        assert param.grad is not None
-        dist.all_reduce(param.grad)
+        dist.all_reduce(_grad(param))
     loss_sum = loss.detach().clone()
     dist.all_reduce(loss_sum)
     logits_TV = torch.zeros(total, CFG.vocab)
@@ -154,10 +158,10 @@ def _step_errors(
         ref_loss = F.cross_entropy(ref_logits, labels_T, reduction="sum") / total
         ref_loss.backward()
         grad_err = max(
-            float((a.grad - b.grad).abs().max())  # type: ignore[operator]
+            float((_grad(a) - _grad(b)).abs().max())
             for a, b in zip(model.parameters(), ref.parameters(), strict=True)
         )
-        smallest_grad = min(float(b.grad.abs().max()) for b in ref.parameters())  # type: ignore[union-attr]
+        smallest_grad = min(float(_grad(b).abs().max()) for b in ref.parameters())
         errors = torch.tensor(
             [
                 float((logits_TV - ref_logits.detach()).abs().max()),

@@ -31,9 +31,23 @@ def service() -> Iterator[PlanService]:
     svc.close()
 
 
-def _client(url: str, **kw: float | int | bool) -> PlanClient:
-    cfg = {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01, **kw}
-    return PlanClient(PlanClientConfig(service_url=url, **cfg))  # type: ignore[arg-type]
+def _client(
+    url: str,
+    *,
+    timeout_s: float = 2.0,
+    retries: int = 2,
+    backoff_s: float = 0.01,
+    fallback: bool = True,
+) -> PlanClient:
+    return PlanClient(
+        PlanClientConfig(
+            service_url=url,
+            timeout_s=timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            fallback=fallback,
+        )
+    )
 
 
 def _closed_port_url() -> str:
@@ -124,7 +138,7 @@ def test_prefetch_fetches_ahead(service: PlanService) -> None:
             client.prefetch(toy_request(step))
         client.prefetch(toy_request(10))  # already in flight: no second request
         time.sleep(0.5)
-        assert sorted(s for _, _, s in service.behaviour.seen) == [10, 11, 12]
+        assert sorted(s or 0 for _, _, s in service.behaviour.seen) == [10, 11, 12]
         t0 = time.perf_counter()
         plans = [client.get(toy_request(step)) for step in (10, 11, 12)]
         assert time.perf_counter() - t0 < 0.05  # served from the prefetched results
