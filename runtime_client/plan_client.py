@@ -23,6 +23,7 @@ Agreement (every rank must run the same layout, or the all-to-alls deadlock or c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -156,11 +157,12 @@ class PlanClient:
         """The plan for ``request``: the prefetched one if started, else fetched now."""
         with self._lock:
             future = self._pending.pop(request_key(request), None)
-        if future is None:
-            self.stats.prefetch_misses += 1
-            return self.fetch(request)
-        self.stats.prefetch_hits += 1
-        return future.result()
+        with self._lock:  # counters are updated from the prefetch threads too
+            if future is None:
+                self.stats.prefetch_misses += 1
+            else:
+                self.stats.prefetch_hits += 1
+        return self.fetch(request) if future is None else future.result()
 
     def fetch(self, request: PlanRequest) -> FetchedPlan:
         """Service with retries, then the local planner (unless ``fallback`` is off)."""
@@ -172,16 +174,19 @@ class PlanClient:
             attempts = exc.attempts
             if not self.config.fallback:
                 raise
-            self.stats.fallbacks += 1
+            with self._lock:
+                self.stats.fallbacks += 1
+                count = self.stats.fallbacks
             logger.warning(
                 "plan service failed for %s (%s); using the local planner (fallback #%d)",
                 request_key(request),
                 exc,
-                self.stats.fallbacks,
+                count,
             )
             plan = local_plan(request, deadline_ms=self.config.fallback_deadline_ms)
             return FetchedPlan(plan, "fallback", attempts, time.perf_counter() - t0, str(exc))
-        self.stats.service_plans += 1
+        with self._lock:
+            self.stats.service_plans += 1
         return FetchedPlan(plan, "service", attempts, time.perf_counter() - t0)
 
     def _fetch_service(self, request: PlanRequest) -> tuple[Plan, int]:
@@ -189,7 +194,8 @@ class PlanClient:
         wait, last = self.config.backoff_s, "no attempt made"
         for attempt in range(1, self.config.retries + 2):
             if attempt > 1:
-                self.stats.retries += 1
+                with self._lock:
+                    self.stats.retries += 1
             try:
                 response = self._http.post("/v1/plans", json=body)
             except httpx.TransportError as exc:  # connect errors and every kind of timeout
@@ -256,11 +262,19 @@ def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
-def agree_on_plan(plan: Plan, group: dist.ProcessGroup | None = None) -> str:
+NO_PLAN = bytes(32)
+"""Digest a rank contributes when it has no plan (its fetch raised): the others fail too."""
+
+
+def agree_on_plan(plan: Plan | None, group: dist.ProcessGroup | None = None) -> str:
     """All-gather every rank's layout digest; raise ``PlanMismatchError`` on all ranks if any
-    differs. Returns the agreed digest (hex). Collective over ``group`` (default: world)."""
+    differs. Returns the agreed digest (hex). Collective over ``group`` (default: world).
+
+    A rank whose fetch failed passes None, so that the others raise instead of waiting.
+    """
     device = _collective_device(group)
-    mine_B = torch.frombuffer(bytearray(layout_digest(plan)), dtype=torch.uint8).to(device)
+    digest = NO_PLAN if plan is None else layout_digest(plan)
+    mine_B = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
     world = dist.get_world_size(group)
     gathered = [torch.empty_like(mine_B) for _ in range(world)]
     dist.all_gather(gathered, mine_B, group=group)
@@ -268,31 +282,51 @@ def agree_on_plan(plan: Plan, group: dist.ProcessGroup | None = None) -> str:
     by_digest: dict[str, list[int]] = {}
     for r, digest_B in enumerate(gathered):
         by_digest.setdefault(digest_B.cpu().numpy().tobytes().hex(), []).append(r)
-    if len(by_digest) > 1:
-        groups = "; ".join(f"{d[:12]}: ranks {rs}" for d, rs in by_digest.items())
-        raise PlanMismatchError(f"ranks disagree on plan {plan.plan_id}: {groups}")
+    if len(by_digest) > 1 or NO_PLAN.hex() in by_digest:
+        names = {NO_PLAN.hex(): "no plan"}
+        parts = "; ".join(f"{names.get(d, d[:12])}: ranks {rs}" for d, rs in by_digest.items())
+        raise PlanMismatchError(f"ranks disagree on the step's plan: {parts}")
     return next(iter(by_digest))
 
 
-def broadcast_plan(plan: Plan | None, src: int = 0, group: dist.ProcessGroup | None = None) -> Plan:
-    """Send ``src``'s plan to every rank of ``group`` (other ranks pass None)."""
+def broadcast_plan(
+    plan: Plan | None,
+    src: int = 0,
+    group: dist.ProcessGroup | None = None,
+    *,
+    error: str | None = None,
+) -> Plan:
+    """Send ``src``'s plan to every rank of ``group`` (other ranks pass None).
+
+    If ``src`` has no plan it passes ``error`` instead, and every rank raises
+    ``PlanServiceError`` with that message rather than waiting for a plan that never comes.
+    """
     is_src = dist.get_rank() == src
-    if is_src and plan is None:
-        raise ValueError("the source rank must pass a plan")
+    if is_src and (plan is None) == (error is None):
+        raise ValueError("the source rank passes exactly one of plan and error")
     device = _collective_device(group)
-    payload = plan.model_dump_json().encode() if is_src and plan is not None else b""
-    # Counts before data: the receivers size their buffer from the broadcast length.
-    size_1 = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    if is_src:
+        payload = (error or "").encode() if plan is None else plan.model_dump_json().encode()
+    else:
+        payload = b""
+    # Counts before data: receivers size their buffer from the length; negative = an error.
+    sign = -1 if is_src and plan is None else 1
+    size_1 = torch.tensor([sign * len(payload)], dtype=torch.int64, device=device)
     dist.broadcast(size_1, src=src, group=group)
+    size = int(size_1.item())  # host sync on GPU backends
     buffer_B = (
         torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
         if is_src
-        else torch.empty(int(size_1.item()), dtype=torch.uint8, device=device)  # host sync (GPU)
+        else torch.empty(abs(size), dtype=torch.uint8, device=device)
     )
-    dist.broadcast(buffer_B, src=src, group=group)
+    if size:  # an empty error message needs no second broadcast
+        dist.broadcast(buffer_B, src=src, group=group)
+    text = buffer_B.cpu().numpy().tobytes()  # host copy on GPU backends
+    if size < 0 or (is_src and plan is None):
+        raise PlanServiceError(f"rank {src} has no plan: {text.decode()}", 0)
     if is_src and plan is not None:
         return plan
-    return Plan.model_validate_json(buffer_B.cpu().numpy().tobytes())  # host copy (GPU)
+    return Plan.model_validate_json(text)
 
 
 def fetch_agreed_plan(
@@ -306,15 +340,26 @@ def fetch_agreed_plan(
     """The step's plan, identical on every rank of ``group`` (collective; raises on mismatch).
 
     ``broadcast``: only ``src`` needs a client; ``verify``: every rank fetches with its client.
+    A rank whose fetch raises (fallback disabled, planner error) still joins the collective, so
+    every rank raises instead of hanging until the group timeout.
     """
     if strategy == "verify":
         if client is None:
             raise ValueError("strategy 'verify' needs a client on every rank")
-        fetched = client.get(request)
+        try:
+            fetched = client.get(request)
+        except Exception:
+            with contextlib.suppress(PlanMismatchError):  # this rank raises its own error
+                agree_on_plan(None, group=group)  # makes the other ranks raise
+            raise
     elif dist.get_rank() == src:
         if client is None:
             raise ValueError("the source rank needs a client")
-        fetched = client.get(request)
+        try:
+            fetched = client.get(request)
+        except Exception as exc:
+            broadcast_plan(None, src=src, group=group, error=f"{type(exc).__name__}: {exc}")
+            raise
         broadcast_plan(fetched.plan, src=src, group=group)
     else:
         t0 = time.perf_counter()

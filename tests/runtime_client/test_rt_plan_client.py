@@ -211,3 +211,31 @@ def test_rank_failure_is_reported() -> None:
 
     with pytest.raises(RankFailure, match="rank one fails"):
         run_local_ranks(boom, 2, timeout_s=60)
+
+
+def _failing_worker(rank: int, world: int, good: str, bad: str, strategy: str) -> str:
+    url = bad if rank == 1 or strategy == "broadcast" else good
+    client = _client(url, retries=0, fallback=False) if strategy == "verify" or rank == 0 else None
+    try:
+        fetch_agreed_plan(client, toy_request(50), strategy=strategy)  # type: ignore[arg-type]
+    except (PlanServiceError, PlanMismatchError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if client is not None:
+            client.close()
+    return "no error"
+
+
+@pytest.mark.parametrize("strategy", ["broadcast", "verify"])
+def test_a_failed_fetch_fails_every_rank_instead_of_hanging(
+    service: PlanService, strategy: str
+) -> None:
+    results = run_local_ranks(
+        _failing_worker, 4, service.url, _closed_port_url(), strategy, timeout_s=120
+    )
+    assert all(r != "no error" for r in results), results
+    if strategy == "broadcast":
+        assert all("rank 0 has no plan" in r and "ConnectError" in r for r in results)
+    else:
+        assert results[1].startswith("PlanServiceError")
+        assert all("no plan: ranks [1]" in r for i, r in enumerate(results) if i != 1)
