@@ -207,7 +207,8 @@ class ChildPacker:
 
         def consider(slack: float) -> bool:
             nonlocal best
-            children = self.pack(z0 * (1 + slack), math.floor(m0 * (1 + slack)))
+            mcap = p.cost.max_tokens_per_rank if math.isinf(slack) else math.floor(m0 * (1 + slack))
+            children = self.pack(z0 * (1 + slack), mcap)
             if children is None:
                 return False
             t = self.parent_s(children)

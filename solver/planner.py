@@ -66,13 +66,14 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
         lb = base_eval.step_s if fixed else membership_free_bound(problem, sizes, repack=False)
         best = _Candidate(base_layout, base_eval, lb)
     else:
-        chosen = solve_children(problem, sizes, base_members, deadline)
+        chosen = polish(problem, solve_children(problem, sizes, base_members, deadline), deadline)
         if mode in ("repack+parent", "repack+sizing") and not deadline.expired():
+            # Kept only if better than exactly what mode `repack` returns, so the modes stay
+            # ordered; polishing can only make it better still.
             members = balance(problem, sizes, "repack", start=base_members)
             moved = solve_children(problem, sizes, members, deadline)
             if moved.evaluation.step_s < chosen.evaluation.step_s:
-                chosen = moved
-        chosen = polish(problem, chosen, deadline)
+                chosen = polish(problem, moved, deadline)
         lb = max(chosen.parent_bounds)
         if mode != "repack":
             # The membership is a decision here: only a bound over all memberships is true.
