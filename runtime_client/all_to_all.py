@@ -13,6 +13,9 @@ Split sizes come from the plan on the host, so no count exchange and no device-t
 needed before the data moves (torchtitan-style variable collectives exchange counts first; the
 plan already holds them, identically on every rank).
 
+``to_full``/``to_child`` are differentiable reshapes around the autograd function
+``VariableAllToAll``, whose backward is the transposed all-to-all (swapped split sizes).
+
 GQA: rank j of a group of P needs the KV heads of its query heads. With ``kv_heads >= P`` it
 gets ``kv_heads/P`` of them; with ``kv_heads < P`` (``P % kv_heads == 0``) each KV head is sent
 to ``P/kv_heads`` ranks. The replication is an ``index_select`` before the exchange, so autograd
@@ -48,8 +51,10 @@ class VariableAllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_R: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         input_split_sizes, output_split_sizes = ctx.splits
-        # Every group rank runs this backward exactly once per forward, in the same order as the
-        # forwards were issued in reverse, so the collective below always has all its peers.
+        # A collective in backward: every peer must reach it. Each peer issued the same
+        # exchanges in the same (layer) order, so backward meets them in the same reverse order;
+        # a rank whose loss did not depend on the output would skip it and hang its peers, which
+        # is why empty shards stay connected to the graph (toy_model.varlen_attention).
         grad_x = _exchange(grad_R, output_split_sizes, input_split_sizes, ctx.group)
         return grad_x, None, None, None
 
