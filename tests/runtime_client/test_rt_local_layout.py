@@ -63,6 +63,11 @@ def test_local_shards_tile_the_global_batch(which: str) -> None:
         assert torch.equal(lay.global_index_N - torch.tensor(cu)[sid], lay.position_ids_N)
 
 
+def test_lengths_come_back_from_the_contract_example() -> None:
+    request = json.loads((DATA / "request-2node.json").read_text())
+    assert plan_lengths(_example_plan()) == request["lengths"]
+
+
 def test_parent_packed_sequence_is_ranks_in_order() -> None:
     p = hand_plan(LENGTHS, LAYOUT)
     layouts = _all_layouts(p)
