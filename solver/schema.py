@@ -45,8 +45,8 @@ def _merge_profile(data: Any, profiles: dict[str, dict[str, Any]], kind: str) ->
     """Expand ``"name"`` or ``{"profile": "name", ...overrides}`` into explicit fields."""
     if isinstance(data, str):
         data = {"profile": data}
-    if not isinstance(data, dict) or "profile" not in data:
-        return data
+    if not isinstance(data, dict) or data.get("profile") is None:
+        return data  # no profile named: plain fields (a dumped model carries profile=None)
     name = data["profile"]
     if not isinstance(name, str) or name not in profiles:
         known = ", ".join(sorted(profiles))

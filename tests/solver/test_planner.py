@@ -80,7 +80,7 @@ def test_unrepackable_parent_stays_whole() -> None:
 
 
 def test_derived_parent_sizes_follow_the_memory_rule() -> None:
-    p = plan(request(lengths=[70_000] + [1_000] * 50))
+    p = plan(request(lengths=[70_000] + [1_000] * 50, mode="repack+parent"))
     sizes = {pp.ranks[1] - pp.ranks[0] for pp in p.parents}
     assert len(sizes) == 1 and min(sizes) * 32768 >= 70_000
 
@@ -143,3 +143,24 @@ def test_same_request_same_plan_in_two_fresh_processes() -> None:
 
     here = canonical_json(plan(determinism_request()), drop_timing=True)
     assert outputs[0] == outputs[1] == here + "\n"
+
+
+def test_toy_scale_metrics_validate_and_dumped_requests_reload() -> None:
+    """Microsecond steps keep enough digits to be re-checked; a dumped request reloads."""
+    req = request(
+        cluster={"nodes": 2, "gpus_per_node": 8, "max_tokens_per_rank": 64},
+        model={
+            "heads": 16,
+            "kv_heads": 4,
+            "head_dim": 8,
+            "hidden": 64,
+            "layers": 8,
+            "moe_active_params": 1000,
+        },
+        lengths=[90, 40, 33, 17, 8, 5, 3, 60, 12],
+    )
+    for mode in MODES:
+        p = plan(req.model_copy(update={"mode": mode}))
+        assert p.metrics.step_time_ms < 1e-2
+        assert validate_plan(req, p) == [], mode
+    assert PlanRequest.model_validate(req.model_dump()) == req
