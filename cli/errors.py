@@ -8,6 +8,7 @@ or scenario that fails schema validation, a request the planner cannot plan
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ from solver.errors import PlanningError
 PROG = "repack"
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE, what a shell reports for a writer whose reader left (``repack ... | head``)."""
 
 
 class InputError(Exception):
@@ -110,11 +113,17 @@ def fail(message: str) -> int:
 
 
 def guarded(run: Callable[[Any], int]) -> Callable[[Any], int]:
-    """Wrap a subcommand: bad input -> one line + exit 2; Ctrl-C -> one line + exit 130."""
+    """Wrap a subcommand: bad input -> one line + exit 2; Ctrl-C -> one line + exit 130;
+    a closed stdout pipe -> exit 141 without a word."""
 
     def wrapper(args: Any) -> int:
         try:
             return run(args)
+        except BrokenPipeError:
+            # The reader closed stdout: stop quietly, and keep Python's exit-time flush of
+            # stdout from raising again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
         except INPUT_ERRORS as exc:
             return fail(describe(exc))
         except KeyboardInterrupt:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from cli.replay import REPLAY_MODES, replay
 from cli.replay_stats import StepResult, wide_steps
 from solver.trace import load_trace
 from tests.cli.helpers import REQUEST_DIR, SCENARIOS, SMALL_TRACE, Repack, assert_one_line_error
+from tests.helpers import ROOT
 
 
 def test_replay_without_baseline_mode_still_classifies_steps() -> None:
@@ -126,3 +129,19 @@ def test_gpu64_scenario_needs_wide_parents_in_about_a_tenth_of_steps() -> None:
     results = replay(requests, ("baseline",), workers=2)
     share = len(wide_steps(results)) / len(requests)
     assert 0.05 <= share <= 0.15
+
+
+def test_closed_stdout_exits_quietly() -> None:
+    """`repack replay ... | head -1`: the reader leaves early; no error line, no traceback."""
+    args = ["replay", str(SMALL_TRACE), "--modes", "baseline", "--steps", "1", "--no-progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    assert proc.stderr.read() == ""
+    assert proc.wait(timeout=60) == 141
