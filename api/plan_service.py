@@ -1,0 +1,202 @@
+"""Idempotent planning: one plan per key, solved once, stored once, replayed byte for byte.
+
+The key is the plan id the solver derives: ``{job_id}-{step}`` when both are given, else
+``{mode}-{digest}`` of the request. The request digest (SHA-256 of the validated request
+without ``deadline_ms``) decides whether a second request for a key is a replay (same digest)
+or a conflict (409). ``deadline_ms`` is left out on purpose: ranks of one job may wait with
+different budgets, and they must still get the same plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+from starlette.concurrency import run_in_threadpool
+
+from api.metrics import ServiceMetrics
+from api.problems import ProblemError
+from api.solver_pool import Saturated, Solved, SolverPool
+from api.storage import PlanRow, PlanStore, StoredPlan, utcnow
+from solver.plan_builder import plan_id_for
+from solver.schema import PlanRequest
+
+Source = Literal["solved", "inflight", "memory", "database"]
+
+
+def request_digest(request: PlanRequest) -> str:
+    """SHA-256 of the validated request without ``deadline_ms`` (the idempotency check)."""
+    body = request.model_dump_json(exclude={"deadline_ms"})
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PlanAnswer:
+    body: bytes
+    source: Source
+
+
+class PlanCache:
+    """Bounded LRU of stored plans; safe because a stored plan never changes."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, StoredPlan] = OrderedDict()
+
+    def get(self, plan_id: str) -> StoredPlan | None:
+        item = self._items.get(plan_id)
+        if item is not None:
+            self._items.move_to_end(plan_id)
+        return item
+
+    def put(self, item: StoredPlan) -> None:
+        if self.size == 0:
+            return
+        self._items[item.plan_id] = item
+        self._items.move_to_end(item.plan_id)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+class PlanService:
+    """Answers ``POST /v1/plans``: replay, join an in-flight solve, or solve and store."""
+
+    def __init__(
+        self,
+        store: PlanStore,
+        pool: SolverPool,
+        metrics: ServiceMetrics,
+        cache_size: int,
+        default_deadline_ms: int,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.metrics = metrics
+        self.cache = PlanCache(cache_size)
+        self.default_deadline_ms = default_deadline_ms
+        self._inflight: dict[str, tuple[str, asyncio.Task[StoredPlan]]] = {}
+
+    async def get(self, plan_id: str) -> bytes | None:
+        cached = self.cache.get(plan_id)
+        if cached is None:
+            cached = await run_in_threadpool(self.store.get, plan_id)
+            if cached is not None:
+                self.cache.put(cached)
+        return None if cached is None else cached.body
+
+    async def plan(self, request: PlanRequest) -> PlanAnswer:
+        """The plan for ``request``'s key; solves only if no plan exists or is being made."""
+        started = time.monotonic()
+        budget_ms = request.deadline_ms or self.default_deadline_ms
+        plan_id = plan_id_for(request, request.resolved_mode)
+        digest = request_digest(request)
+        answer = await self._existing(plan_id, digest)
+        recent = self.cache.get(plan_id)  # it may have landed while the database was read
+        if answer is None and recent is not None:
+            answer = PlanAnswer(self._check(recent, digest).body, "memory")
+        if answer is None:
+            task = self._inflight.get(plan_id)
+            if task is not None:
+                self.metrics.cache_hits.labels(source="inflight").inc()
+                stored = await asyncio.shield(task[1])
+                answer = PlanAnswer(self._check(stored, digest).body, "inflight")
+            else:
+                answer = await self._lead(request, plan_id, digest, started + budget_ms / 1e3)
+        if (time.monotonic() - started) * 1e3 > budget_ms:
+            self.metrics.late.inc()
+        return answer
+
+    async def _existing(self, plan_id: str, digest: str) -> PlanAnswer | None:
+        source: Source = "memory"
+        stored = self.cache.get(plan_id)
+        if stored is None and plan_id not in self._inflight:
+            source = "database"
+            stored = await run_in_threadpool(self.store.get, plan_id)
+            if stored is not None:
+                self.cache.put(stored)
+        if stored is None:
+            return None
+        self.metrics.cache_hits.labels(source=source).inc()
+        return PlanAnswer(self._check(stored, digest).body, source)
+
+    async def _lead(
+        self, request: PlanRequest, plan_id: str, digest: str, deadline_at: float
+    ) -> PlanAnswer:
+        try:
+            solving = self.pool.submit(request, deadline_at)
+        except Saturated as exc:
+            self.metrics.rejected.inc()
+            raise ProblemError(
+                429,
+                "saturated",
+                "the solver queue is full; retry later",
+                headers={"Retry-After": str(exc.retry_after_s)},
+            ) from exc
+        self.metrics.queue.set(self.pool.pending)
+        task = asyncio.create_task(self._store(request, digest, solving))
+        self._inflight[plan_id] = (digest, task)
+        task.add_done_callback(lambda _t: self._inflight.pop(plan_id, None))
+        stored = await asyncio.shield(task)
+        return PlanAnswer(self._check(stored, digest).body, "solved")
+
+    async def _store(
+        self, request: PlanRequest, digest: str, solving: asyncio.Future[Solved]
+    ) -> StoredPlan:
+        try:
+            solved = await solving
+        finally:
+            self.metrics.queue.set(self.pool.pending)
+        stored = await run_in_threadpool(self.store.insert, _row(request, digest, solved))
+        self.cache.put(stored)
+        if stored.body == solved.body:  # count plans this instance made, not lost races
+            self.metrics.observe_plan(
+                solved.status,
+                solved.mode,
+                solved.stopped_by,
+                solved.metrics.get("gap"),
+                float(solved.metrics["speedup"] or 0.0),
+            )
+        return stored
+
+    @staticmethod
+    def _check(stored: StoredPlan, digest: str) -> StoredPlan:
+        if stored.request_digest != digest:
+            raise ProblemError(
+                409,
+                "idempotency-conflict",
+                f"plan {stored.plan_id} exists for a different request body; the key "
+                "(job_id, step) may only be reused with the same body (deadline_ms aside)",
+            )
+        return stored
+
+
+def _row(request: PlanRequest, digest: str, solved: Solved) -> PlanRow:
+    m = solved.metrics
+    return PlanRow(
+        plan_id=solved.plan_id,
+        job_id=request.job_id,
+        step=request.step,
+        request_digest=digest,
+        mode=solved.mode,
+        status=solved.status,
+        stopped_by=solved.stopped_by,
+        nodes=request.cluster.nodes,
+        gpus_per_node=request.cluster.gpus_per_node,
+        num_samples=len(request.lengths),
+        step_time_ms=m["step_time_ms"],
+        baseline_step_time_ms=m["baseline_step_time_ms"],
+        speedup=m["speedup"],
+        mfu=m["mfu"],
+        baseline_mfu=m["baseline_mfu"],
+        gap=m.get("gap"),
+        lower_bound_ms=m.get("lower_bound_ms"),
+        solve_ms=m.get("solve_ms"),
+        lengths=json.dumps(list(request.lengths), separators=(",", ":")),
+        body=solved.body.decode(),
+        created_at=utcnow(),
+    )
