@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,8 +22,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api.metrics import ServiceMetrics
 from api.problems import ProblemError
-from api.solver_pool import Saturated, Solved, SolverPool
+from api.solver_pool import Rejected, Saturated, Solved, SolverPool
 from api.storage import PlanRow, PlanStore, StoredPlan, utcnow
+from solver.errors import PlanningError
 from solver.plan_builder import plan_id_for
 from solver.schema import PlanRequest
 
@@ -145,12 +147,21 @@ class PlanService:
         return PlanAnswer(self._check(stored, digest).body, "solved")
 
     async def _store(
-        self, request: PlanRequest, digest: str, solving: asyncio.Future[Solved]
+        self, request: PlanRequest, digest: str, solving: asyncio.Future[Solved | Rejected]
     ) -> StoredPlan:
         try:
             solved = await solving
+        except BrokenProcessPool as exc:
+            raise ProblemError(
+                503,
+                "solver-unavailable",
+                "a solver worker died; the pool was restarted",
+                headers={"Retry-After": str(self.pool.retry_after_s)},
+            ) from exc
         finally:
             self.metrics.queue.set(self.pool.pending)
+        if isinstance(solved, Rejected):
+            raise PlanningError(solved.field, solved.message)
         stored = await run_in_threadpool(self.store.insert, _row(request, digest, solved))
         self.cache.put(stored)
         if stored.body == solved.body:  # count plans this instance made, not lost races

@@ -12,8 +12,10 @@ import math
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from solver.errors import PlanningError
 from solver.plan_builder import canonical_json
 from solver.planner import plan
 from solver.schema import PlanRequest
@@ -34,6 +36,15 @@ class Solved:
     metrics: dict[str, float | None]
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """The solver refused the request (``PlanningError``), carried as data: the exception's
+    constructor takes two arguments, so it cannot cross the process boundary by pickling."""
+
+    field: str
+    message: str
+
+
 class Saturated(Exception):
     """The queue is full; ``retry_after_s`` estimates when a slot frees up."""
 
@@ -44,14 +55,17 @@ class Saturated(Exception):
 
 def solve_in_worker(
     request: PlanRequest, deadline_at: float, margin_ms: float, min_budget_ms: float
-) -> Solved:
+) -> Solved | Rejected:
     """Runs in a worker process: plan within what is left of the deadline.
 
     ``deadline_at`` is a ``time.monotonic()`` instant; the monotonic clock is system-wide on
     Linux, so the time the request spent queued counts against its budget.
     """
     budget_ms = max(min_budget_ms, (deadline_at - time.monotonic()) * 1e3 - margin_ms)
-    result = plan(request, deadline_ms=budget_ms)
+    try:
+        result = plan(request, deadline_ms=budget_ms)
+    except PlanningError as exc:
+        return Rejected(exc.field, exc.message)
     metrics = result.metrics.model_dump(exclude={"stopped_by"})
     return Solved(
         body=canonical_json(result).encode(),
@@ -84,7 +98,11 @@ class SolverPool:
         self.pending = 0
         self.healthy = False
         self._mean_solve_s = 0.05
-        self._executor = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        self._ctx = ctx
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx)
 
     async def warm_up(self) -> None:
         """Start every worker by giving each a tiny solve; marks the pool healthy."""
@@ -104,7 +122,7 @@ class SolverPool:
         wait = self.pending * self._mean_solve_s / self.workers
         return max(self.retry_after_s, math.ceil(wait))
 
-    def submit(self, request: PlanRequest, deadline_at: float) -> asyncio.Future[Solved]:
+    def submit(self, request: PlanRequest, deadline_at: float) -> asyncio.Future[Solved | Rejected]:
         """Queue a solve, or raise ``Saturated`` at once when the queue is full.
 
         Synchronous on purpose: admission and the slot it takes happen without yielding to the
@@ -123,13 +141,21 @@ class SolverPool:
             self.min_budget_ms,
         )
 
-        def _release(_f: asyncio.Future[Solved]) -> None:
+        def _release(done: asyncio.Future[Solved | Rejected]) -> None:
             self.pending -= 1
+            if not done.cancelled() and isinstance(done.exception(), BrokenProcessPool):
+                self._replace_broken()
             # A running mean of solve time (queue wait included) sizes Retry-After.
             self._mean_solve_s = 0.9 * self._mean_solve_s + 0.1 * (time.perf_counter() - start)
 
         future.add_done_callback(_release)
         return future
+
+    def _replace_broken(self) -> None:
+        """A worker died (killed, out of memory): fail its solves, start a fresh pool."""
+        if self._executor._broken:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = self._new_executor()
 
     def close(self) -> None:
         self.healthy = False

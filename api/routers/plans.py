@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
+from fastapi.exceptions import RequestValidationError
 
 from api.deps import ServiceDep
 from api.problems import ProblemError, problem_responses
@@ -12,6 +13,8 @@ from solver.schema import Plan, PlanRequest
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
+MAX_STEP = 2**63 - 1
+"""Steps are stored as 64-bit integers."""
 SOURCE_HEADER = "X-Repack-Plan-Source"
 """Where the answer came from: solved, inflight (joined a running solve), memory, database."""
 
@@ -28,6 +31,10 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
     Every request with the same key and body gets byte-identical JSON; the same key with a
     different body is a 409. The solve is bounded by ``deadline_ms`` (or the service default).
     """
+    if body.step is not None and body.step > MAX_STEP:
+        raise RequestValidationError(
+            [{"loc": ("body", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
+        )
     answer = await service.plan(body)
     return Response(
         answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
