@@ -1,0 +1,95 @@
+"""Single-flight, backpressure (429 + Retry-After) and a free event loop, over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from api.server import ServerThread
+from tests.api.conftest import ServerFactory, metric_value
+
+SLOW_STEP: dict[str, Any] = {"cluster": {"nodes": 32}, "lengths": [1000] * 500}
+"""256 GPUs, 500 samples: a solve of a few hundred milliseconds on this machine."""
+
+
+def post_all(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """POST every body at once from its own thread (released together by a barrier)."""
+    barrier = threading.Barrier(len(bodies))
+
+    def one(body: dict[str, Any]) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            barrier.wait()
+            return c.post("/v1/plans", json=body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+def exposition(server: ServerThread) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Any) -> str:
+    return f"sqlite:///{tmp_path / 'plans.db'}"
+
+
+def test_identical_concurrent_requests_solve_once(db_url: str, start_server: ServerFactory) -> None:
+    server = start_server(db_url)
+    body = {**SLOW_STEP, "job_id": "flight", "step": 1}
+    responses = post_all(server.url, [body] * 8)
+    assert {r.status_code for r in responses} == {200}
+    assert len({r.content for r in responses}) == 1
+    sources = sorted(r.headers["x-repack-plan-source"] for r in responses)
+    assert sources.count("solved") == 1
+    assert "inflight" in sources
+    text = exposition(server)
+    assert metric_value(text, "repack_plans_total") == 1
+    assert metric_value(text, "repack_cache_hits_total") == 7
+
+
+def test_full_queue_answers_429_with_retry_after(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1, queue_limit=1)
+    bodies = [{**SLOW_STEP, "job_id": "busy", "step": i} for i in range(6)]
+    responses = post_all(server.url, bodies)
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 1
+    assert statuses.count(429) >= 1
+    for r in responses:
+        if r.status_code == 429:
+            assert r.headers["content-type"] == "application/problem+json"
+            assert int(r.headers["retry-after"]) >= 1
+    assert metric_value(exposition(server), "repack_rejected_total") == statuses.count(429)
+    # Refused keys were not stored: retrying one now solves it.
+    refused = next(b for b, s in zip(bodies, statuses, strict=True) if s == 429)
+    retry = httpx.post(f"{server.url}/v1/plans", json=refused, timeout=120)
+    assert retry.status_code == 200
+    assert retry.headers["x-repack-plan-source"] == "solved"
+
+
+def test_event_loop_answers_while_solving(sqlite_url: str, start_server: ServerFactory) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    body = {"cluster": {"nodes": 64}, "lengths": [1000] * 1000, "job_id": "loop", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    health = httpx.get(f"{server.url}/healthz", timeout=30)
+    jobs = httpx.get(f"{server.url}/v1/jobs", timeout=30)
+    still_solving = poster.is_alive()
+    poster.join()
+    assert health.status_code == 200
+    assert jobs.status_code == 200
+    assert still_solving, "the health check should have been answered during the solve"
+    assert result[0].status_code == 200
