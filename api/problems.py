@@ -134,7 +134,12 @@ async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return problem_response(request, exc.status_code, str(exc.detail), headers=exc.headers)
+    errors = None
+    if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
+        errors = [FieldError(location="body", detail=str(exc.detail), type="body_unreadable")]
+    return problem_response(
+        request, exc.status_code, str(exc.detail), errors=errors, headers=exc.headers
+    )
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

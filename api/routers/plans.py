@@ -23,7 +23,7 @@ SOURCE_HEADER = "X-Repack-Plan-Source"
     "",
     response_model=Plan,
     summary="Plan one step",
-    responses=problem_responses(409, 413, 422, 429, 500),
+    responses=problem_responses(400, 409, 413, 422, 429, 500, 503),
 )
 async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
     """Solve (or replay) the plan for ``(job_id, step)``.

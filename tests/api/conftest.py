@@ -63,9 +63,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:
-    return Settings(
-        database_url=db_url, port=free_port(), log_level="warning", **overrides
-    )
+    return Settings(database_url=db_url, port=free_port(), log_level="warning", **overrides)
 
 
 ServerFactory = Callable[..., ServerThread]

@@ -38,12 +38,18 @@ def test_metrics_count_plans_replays_and_latency(client: httpx.Client) -> None:
     text = client.get("/metrics").text
     assert metric_value(text, "repack_plans_total", status=plan["status"], mode=plan["mode"]) == 1
     assert metric_value(text, "repack_cache_hits_total", source="memory") == 1
-    assert metric_value(
-        text, "repack_http_request_duration_seconds_count", route="/v1/plans", status="200"
-    ) == 2
-    assert metric_value(
-        text, "repack_http_request_duration_seconds_count", route="/v1/plans", status="422"
-    ) == 1
+    assert (
+        metric_value(
+            text, "repack_http_request_duration_seconds_count", route="/v1/plans", status="200"
+        )
+        == 2
+    )
+    assert (
+        metric_value(
+            text, "repack_http_request_duration_seconds_count", route="/v1/plans", status="422"
+        )
+        == 1
+    )
     assert metric_value(text, "repack_recent_speedup", stat="mean") == plan["metrics"]["speedup"]
     assert metric_value(text, "repack_recent_gap", stat="max") == plan["metrics"]["gap"]
     assert metric_value(text, "repack_rejected_total") == 0

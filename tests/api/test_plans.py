@@ -34,9 +34,9 @@ def test_plan_matches_the_in_process_solver(client: httpx.Client) -> None:
     body = small_request("job-b", 3)
     served = client.post("/v1/plans", json=body)
     local = plan(PlanRequest.model_validate(body))
-    assert json.loads(canonical_json(Plan.model_validate_json(served.content), drop_timing=True)) == (
-        json.loads(canonical_json(local, drop_timing=True))
-    )
+    assert json.loads(
+        canonical_json(Plan.model_validate_json(served.content), drop_timing=True)
+    ) == (json.loads(canonical_json(local, drop_timing=True)))
 
 
 def test_same_key_different_body_is_409(client: httpx.Client) -> None:
