@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("cli.solve",)
+COMMAND_MODULES = ("cli.solve", "cli.serve", "cli.demo", "cli.bench_service")
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
 

@@ -2,10 +2,11 @@
 "use strict";
 const Repack = (() => {
   const plotConfig = { displaylogo: false, responsive: true };
-  const base = (title, ytitle) => ({
+  const base = (title, ytitle, steps) => ({
     title: { text: title, font: { size: 14 } },
     margin: { l: 56, r: 16, t: 40, b: 40 },
-    xaxis: { title: { text: "step" } },
+    // Steps are integers: never let plotly put ticks between them.
+    xaxis: { title: { text: "step" }, tickformat: "d", dtick: Math.max(1, Math.ceil(steps / 10)) },
     yaxis: { title: { text: ytitle } },
     legend: { orientation: "h", y: 1.12, x: 1, xanchor: "right" },
   });
@@ -34,7 +35,7 @@ const Repack = (() => {
       ["plot-solve", "Solve latency", "ms", [line(steps, m("solve_ms"), "solve", "#c23b4e")]],
     ];
     for (const [id, title, ytitle, traces] of plots) {
-      Plotly.newPlot(id, traces, base(title, ytitle), plotConfig);
+      Plotly.newPlot(id, traces, base(title, ytitle, steps.length), plotConfig);
       openOnClick(id);
     }
     const counts = {};
@@ -42,7 +43,7 @@ const Repack = (() => {
       const key = s.status + " / " + (s.metrics.stopped_by || "?");
       counts[key] = (counts[key] || 0) + 1;
     }
-    const mix = base("Status mix (status / stopped by)", "plans");
+    const mix = base("Status mix (status / stopped by)", "plans", steps.length);
     mix.xaxis = { title: { text: "" } };
     Plotly.newPlot("plot-status", [{
       type: "bar", x: Object.keys(counts), y: Object.values(counts), marker: { color: "#2f6fde" },
@@ -92,7 +93,7 @@ const Repack = (() => {
       el.style.background = colour(child.id);
       const tokens = child.samples.reduce((a, s) => a + lengths[s], 0);
       el.textContent = child.samples.length
-        ? `SP${end - start} · ${child.samples.length} · ${fmtTokens(tokens)}` : "idle";
+        ? `SP${end - start} · ${child.samples.length} smp · ${fmtTokens(tokens)} tok` : "idle";
       el.title = child.samples.map((s) => `#${s}: ${lengths[s]}`).join("\n") || "no samples";
       el.addEventListener("mouseenter", () => showDetails(panel, child, lengths));
       grid.appendChild(el);
