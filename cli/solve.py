@@ -9,7 +9,7 @@ from solver.io import read_request
 from solver.planner import plan
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("solve", help="plan one step from a request file (JSON or YAML)")
     p.add_argument("request")
     p.add_argument("--mode", default=None)

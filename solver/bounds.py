@@ -22,10 +22,9 @@ def aggregate_bound(problem: Problem) -> float:
     cost = problem.cost
     lin = cost.linear_seconds_per_token
     total_tokens = sum(problem.tokens)
-    rank_seconds = (
-        cost.full_layers * (sum(problem.full_s) + total_tokens * lin)
-        + cost.sparse_layers * sum(problem.work_s)
-    )
+    rank_seconds = cost.full_layers * (
+        sum(problem.full_s) + total_tokens * lin
+    ) + cost.sparse_layers * sum(problem.work_s)
     return rank_seconds / cost.world_size
 
 
@@ -46,7 +45,13 @@ def repacked_bound(problem: Problem, size: int, members: Sequence[int]) -> float
         return 0.0
     single = max(single_sample_bound(problem, s, size) for s in members)
     work = sum(problem.work_s[s] for s in members) / size
-    m = ceil_div(sum(problem.tokens[s] for s in members), size)
+    # Children stay inside a node, so the longest member puts at least L / min(P, G) tokens on
+    # some rank; and some rank holds at least the average.
+    widest_child = min(size, cost.gpus_per_node)
+    m = max(
+        ceil_div(sum(problem.tokens[s] for s in members), size),
+        ceil_div(max(problem.tokens[s] for s in members), widest_child),
+    )
     full = full_layer_seconds(cost, size, sum(problem.full_s[s] for s in members), m)
     return cost.full_layers * full + cost.sparse_layers * max(single, work)
 

@@ -141,8 +141,13 @@ class ChildPacker:
         ]
 
     def _open(
-        self, buddies: list[_Buddy], children: list[_OpenChild], length: int, sparse: float,
-        z: float, mcap: int,
+        self,
+        buddies: list[_Buddy],
+        children: list[_OpenChild],
+        length: int,
+        sparse: float,
+        z: float,
+        mcap: int,
     ) -> _OpenChild | None:
         for k in self.sizes:
             if length > k * mcap or self.child_s(k, sparse, length) > z:

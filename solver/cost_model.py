@@ -12,6 +12,7 @@ per sparse layer, and a parent of size ``P`` takes, per full layer,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,6 +100,16 @@ class CostModel:
 
     def a2a_seconds_per_token(self, group: int) -> float:
         """All-to-all time per token owned by the slowest rank of a group of ``group`` ranks."""
+        table = self._a2a_table
+        return table[group] if group in table else self._a2a_formula(group)
+
+    @functools.cached_property
+    def _a2a_table(self) -> dict[int, float]:
+        """Memoised per power-of-two group size: planners ask for the same few millions of times."""
+        sizes = [1 << i for i in range(self.world_size.bit_length())]
+        return {k: self._a2a_formula(k) for k in sizes}
+
+    def _a2a_formula(self, group: int) -> float:
         if group <= 1:
             return 0.0
         bpt = self.a2a_bytes_per_token(group)
@@ -106,7 +117,7 @@ class CostModel:
         intra = bpt * (min(group, self.gpus_per_node) - 1) / group / self.intra_bytes_per_s
         return max(inter, intra)
 
-    @property
+    @functools.cached_property
     def linear_seconds_per_token(self) -> float:
         return self.linear_flops_per_token / self.flops_per_s
 

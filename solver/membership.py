@@ -1,28 +1,37 @@
 """Parent membership: which samples share a parent (a min-max balancing problem over parents).
 
-Two objectives use the same machinery, a longest-processing-time greedy followed by a bounded,
+Three objectives use the same machinery, a longest-processing-time greedy followed by a bounded,
 deterministic local search (moves and swaps out of the critical parent):
 
-* ``baseline``: the exact time of unrepacked parents (the service's default membership);
+* ``tokens``: tokens per rank, what a data loader without a cost model balances (memory); this
+  is the service's default upstream membership when a request gives no ``parent_of``;
+* ``baseline``: the exact time of unrepacked parents (the best membership without repacking);
 * ``repack``: a lower-bound estimate of the repacked parent time, which makes parents hold
   samples that their node-local children can balance (the parent solver's first stage).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.cost_model import ceil_div, child_layer_seconds
 from solver.errors import InfeasibleRequestError
 from solver.problem import Problem
 
-Objective = Literal["baseline", "repack"]
+Objective = Literal["tokens", "baseline", "repack"]
 
-LOCAL_SEARCH_EVALS = 40_000
+LOCAL_SEARCH_EVALS = 6_000
 """Deterministic work limit of the local search, in candidate evaluations."""
+
+RECEIVERS = 4
+"""Least-loaded parents tried as receivers of a move or swap out of the critical parent."""
+
+SWAP_CANDIDATES = 6
+"""Lighter samples of a receiver tried against each heavy sample of the critical parent."""
 
 IMPROVEMENT_EPS = 1e-12
 """Relative improvement below which a move is not taken (guards float noise cycles)."""
@@ -36,9 +45,12 @@ class ParentLoad:
     sparse_s: float = 0.0
     tokens: int = 0
     members: list[int] = field(default_factory=list)
+    single: float = 0.0
+    """Largest single-sample bound among the members (repack objective only)."""
 
 
-CostFn = Callable[[int, float, float, int, Sequence[int]], float]
+CostFn = Callable[[int, float, float, int, float], float]
+"""``(size, full_s, sparse_s, tokens, longest single-sample bound) -> seconds``."""
 
 
 def single_sample_bound(problem: Problem, sample: int, size: int) -> float:
@@ -57,59 +69,69 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
     cost = problem.cost
     nf, ns = cost.full_layers, cost.sparse_layers
     lin = cost.linear_seconds_per_token
-    single_cache: dict[tuple[int, int], float] = {}
+    # Per parent size: (1/P, seconds per busiest-rank token of a full layer, of a sparse layer).
+    coef = {
+        size: (
+            1.0 / size,
+            nf * (lin + cost.a2a_seconds_per_token(size)),
+            ns * (lin + cost.a2a_seconds_per_token(size)),
+        )
+        for size in {1 << i for i in range(cost.world_size.bit_length())}
+    }
 
-    def baseline(size: int, full: float, sparse: float, tokens: int, _: Sequence[int]) -> float:
+    def baseline(size: int, full: float, sparse: float, tokens: int, _: float) -> float:
+        inv, full_tok, sparse_tok = coef[size]
         n = ceil_div(tokens, size)
-        per_token = lin + cost.a2a_seconds_per_token(size)
-        return nf * full_layer_seconds(cost, size, full, n) + ns * (sparse / size + n * per_token)
+        return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok)
 
-    def single(sample: int, size: int) -> float:
-        key = (sample, size)
-        if key not in single_cache:
-            single_cache[key] = single_sample_bound(problem, sample, size)
-        return single_cache[key]
+    def repack(size: int, full: float, sparse: float, tokens: int, single: float) -> float:
+        if math.isinf(single):
+            return baseline(size, full, sparse, tokens, single)
+        inv, full_tok, _ = coef[size]
+        spread = (sparse + tokens * lin) * inv
+        return nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
 
-    def repack(size: int, full: float, sparse: float, tokens: int, members: Sequence[int]) -> float:
-        longest = max((single(s, size) for s in members), default=0.0)
-        if math.isinf(longest):
-            return baseline(size, full, sparse, tokens, members)
-        n = ceil_div(tokens, size)
-        sparse_bound = max((sparse + tokens * lin) / size, longest)
-        return nf * full_layer_seconds(cost, size, full, n) + ns * sparse_bound
+    def tokens_per_rank(size: int, _f: float, _s: float, tokens: int, _l: float) -> float:
+        return tokens / size
 
-    return baseline if objective == "baseline" else repack
+    return {"tokens": tokens_per_rank, "baseline": baseline, "repack": repack}[objective]
 
 
 class _Balancer:
-    def __init__(self, problem: Problem, sizes: Sequence[int], cost_fn: CostFn) -> None:
+    def __init__(self, problem: Problem, sizes: Sequence[int], objective: Objective) -> None:
         self.p = problem
         self.loads = [ParentLoad(size=s, capacity=problem.capacity(s)) for s in sizes]
-        self.cost_fn = cost_fn
+        self.cost_fn = make_cost_fn(problem, objective)
+        self.use_single = objective == "repack"
+        self.single: dict[tuple[int, int], float] = {}
         self.evals = 0
+
+    def single_of(self, s: int, size: int) -> float:
+        key = (s, size)
+        if key not in self.single:
+            self.single[key] = single_sample_bound(self.p, s, size)
+        return self.single[key]
+
+    def longest(self, j: int, add: int | None, remove: int | None) -> float:
+        if not self.use_single:
+            return 0.0
+        ld = self.loads[j]
+        best = ld.single
+        if remove is not None and self.single_of(remove, ld.size) >= best:
+            best = max((self.single_of(m, ld.size) for m in ld.members if m != remove), default=0.0)
+        return best if add is None else max(best, self.single_of(add, ld.size))
 
     def cost(self, j: int, add: int | None = None, remove: int | None = None) -> float:
         """Cost of parent j with one sample added and/or removed (without changing it)."""
         self.evals += 1
         ld, p = self.loads[j], self.p
         full, sparse, tokens = ld.full_s, ld.sparse_s, ld.tokens
-        members: list[int] = ld.members
-        if add is not None or remove is not None:
-            members = [m for m in members if m != remove]
-            if add is not None:
-                members.append(add)
-                full, sparse, tokens = (
-                    full + p.full_s[add],
-                    sparse + p.sparse_s[add],
-                    tokens + p.tokens[add],
-                )
-            if remove is not None:
-                full, sparse, tokens = (
-                    full - p.full_s[remove],
-                    sparse - p.sparse_s[remove],
-                    tokens - p.tokens[remove],
-                )
-        return self.cost_fn(ld.size, full, sparse, tokens, members)
+        for s, sign in ((add, 1), (remove, -1)):
+            if s is not None:
+                full += sign * p.full_s[s]
+                sparse += sign * p.sparse_s[s]
+                tokens += sign * p.tokens[s]
+        return self.cost_fn(ld.size, full, sparse, tokens, self.longest(j, add, remove))
 
     def fits(self, j: int, add: int, remove: int | None = None) -> bool:
         ld = self.loads[j]
@@ -118,6 +140,8 @@ class _Balancer:
 
     def place(self, j: int, s: int) -> None:
         ld, p = self.loads[j], self.p
+        if self.use_single:
+            ld.single = self.longest(j, s, None)
         ld.members.append(s)
         ld.full_s += p.full_s[s]
         ld.sparse_s += p.sparse_s[s]
@@ -125,19 +149,32 @@ class _Balancer:
 
     def unplace(self, j: int, s: int) -> None:
         ld, p = self.loads[j], self.p
+        if self.use_single:
+            ld.single = self.longest(j, None, s)
         ld.members.remove(s)
         ld.full_s -= p.full_s[s]
         ld.sparse_s -= p.sparse_s[s]
         ld.tokens -= p.tokens[s]
 
     def greedy(self, order: Sequence[int]) -> None:
+        """Each sample, heaviest first, to the parent it makes least costly (LPT)."""
+        costs = [self.cost(j) for j in range(len(self.loads))]
         for s in order:
             best_j, best_c = -1, math.inf
-            for j in range(len(self.loads)):
-                if self.fits(j, s):
-                    c = self.cost(j, add=s)
-                    if c < best_c:
-                        best_j, best_c = j, c
+            seen_sizes: dict[tuple[int, float], float] = {}
+            for j in sorted(range(len(self.loads)), key=lambda j: (costs[j], j)):
+                if not self.fits(j, s):
+                    continue
+                # Among parents of one size at one cost, the first is as good as any other.
+                key = (self.loads[j].size, costs[j])
+                if key in seen_sizes:
+                    continue
+                c = self.cost(j, add=s)
+                seen_sizes[key] = c
+                if c < best_c:
+                    best_j, best_c = j, c
+                if len(seen_sizes) >= RECEIVERS and best_j >= 0:
+                    break
             if best_j < 0:
                 raise InfeasibleRequestError(
                     "lengths",
@@ -145,8 +182,10 @@ class _Balancer:
                     "give wider parents or fewer tokens",
                 )
             self.place(best_j, s)
+            costs[best_j] = best_c
 
     def improve(self, budget: int) -> None:
+        """Moves and swaps out of the critical parent while one makes it faster."""
         while self.evals < budget:
             costs = [self.cost(j) for j in range(len(self.loads))]
             c = max(range(len(costs)), key=lambda j: (costs[j], -j))
@@ -155,26 +194,27 @@ class _Balancer:
 
     def _improve_critical(self, c: int, costs: list[float], budget: int) -> bool:
         target = costs[c] * (1 - IMPROVEMENT_EPS)
-        others = sorted((j for j in range(len(self.loads)) if j != c), key=lambda j: costs[j])
-        heavy_first = sorted(self.loads[c].members, key=lambda s: -self.p.work_s[s])
+        receivers = sorted(
+            (j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j)
+        )
+        receivers = receivers[:RECEIVERS]
+        work = self.p.work_s
+        heavy_first = sorted(self.loads[c].members, key=lambda s: (-work[s], s))
         for s in heavy_first:  # moves
-            for q in others:
-                if costs[q] >= target or not self.fits(q, s):
-                    continue
-                if max(self.cost(c, remove=s), self.cost(q, add=s)) < target:
+            for q in receivers:
+                if self.fits(q, s) and max(self.cost(c, remove=s), self.cost(q, add=s)) < target:
                     self.unplace(c, s)
                     self.place(q, s)
                     return True
-        for s in heavy_first:  # swaps with a lighter sample
-            for q in others:
-                if costs[q] >= target:
-                    continue
-                for u in self.loads[q].members:
-                    if self.evals >= budget:
-                        return False
-                    if self.p.work_s[u] >= self.p.work_s[s] or not self.fits(q, s, remove=u):
-                        continue
-                    if not self.fits(c, u, remove=s):
+        for q in receivers:  # swaps with a lighter sample of a receiver
+            light = sorted(self.loads[q].members, key=lambda u: (work[u], u))
+            light_work = [work[u] for u in light]
+            for s in heavy_first:
+                if self.evals >= budget:
+                    return False
+                hi = bisect.bisect_left(light_work, work[s])
+                for u in reversed(light[max(0, hi - SWAP_CANDIDATES) : hi]):
+                    if not (self.fits(q, s, remove=u) and self.fits(c, u, remove=s)):
                         continue
                     if max(self.cost(c, add=u, remove=s), self.cost(q, add=s, remove=u)) < target:
                         self.unplace(c, s)
@@ -186,28 +226,27 @@ class _Balancer:
 
 
 def heavy_order(problem: Problem) -> list[int]:
-    """Samples by decreasing full-attention then total work; index breaks ties (determinism)."""
-    return sorted(
-        range(problem.num_samples),
-        key=lambda s: (-problem.full_s[s], -problem.work_s[s], s),
-    )
+    """Samples by decreasing length; index breaks ties (determinism)."""
+    return sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
 
 
 def balance(
     problem: Problem,
     sizes: Sequence[int],
     objective: Objective,
-    start: Sequence[int] | None = None,
+    start: Sequence[Sequence[int]] | None = None,
     budget: int = LOCAL_SEARCH_EVALS,
 ) -> list[list[int]]:
-    """Members of each parent (in index order), from ``start`` (``parent_of``) or from scratch."""
-    bal = _Balancer(problem, sizes, make_cost_fn(problem, objective))
+    """Members of each parent (in index order), improved from ``start`` or built greedily."""
+    bal = _Balancer(problem, sizes, objective)
     if start is None:
         bal.greedy(heavy_order(problem))
     else:
-        for s, j in enumerate(start):
-            bal.place(j, s)
-    bal.improve(bal.evals + budget)
+        for j, group in enumerate(start):
+            for s in group:
+                bal.place(j, s)
+    if budget > 0:
+        bal.improve(bal.evals + budget)
     return [sorted(ld.members) for ld in bal.loads]
 
 

@@ -2,8 +2,9 @@
 
 Rule (documented in the README): memory needs ``P * max_tokens_per_rank >= longest sample``;
 among the allowed power-of-two sizes from that minimum up to the whole cluster (dividing
-``heads``, compatible with ``kv_heads``), the one whose balanced baseline membership predicts
-the shortest baseline step time is taken; ties go to the smaller size (less inter-node traffic).
+``heads``, compatible with ``kv_heads``), the one whose token-balanced membership (the default
+upstream membership) predicts the shortest baseline step time is taken; ties go to the smaller
+size (less inter-node traffic).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from solver.membership import balance
 from solver.problem import Problem
 from solver.schema import PlanRequest, allowed_parent_sizes
 
-SIZING_SEARCH_EVALS = 2_000
-"""Local-search budget per candidate size: enough to rank sizes, not to finish them."""
 
-
-def derive_parent_sizes(problem: Problem, request: PlanRequest) -> list[int]:
+def derive_parent_sizes(
+    problem: Problem, request: PlanRequest
+) -> tuple[list[int], list[list[int]]]:
+    """Sizes and their greedy (LPT) baseline membership, which ranks the sizes well enough;
+    the planner improves the winner's membership afterwards."""
     world = problem.cost.world_size
     longest = max(problem.tokens)
     candidates = [
@@ -26,18 +28,18 @@ def derive_parent_sizes(problem: Problem, request: PlanRequest) -> list[int]:
         for p in allowed_parent_sizes(request.cluster, request.model)
         if problem.capacity(p) >= longest
     ]
-    best: tuple[float, int] | None = None
+    best: tuple[float, int, list[list[int]]] | None = None
     for size in candidates:
         sizes = [size] * (world // size)
         try:
-            members = balance(problem, sizes, "baseline", budget=SIZING_SEARCH_EVALS)
+            members = balance(problem, sizes, "tokens", budget=0)
         except InfeasibleRequestError:
             continue
         step = evaluate(baseline_layout(sizes, members), problem.cost, problem.costs).step_s
         if best is None or step < best[0]:
-            best = (step, size)
+            best = (step, size, members)
     if best is None:
         raise InfeasibleRequestError(
             "lengths", "no uniform parent size can hold these samples within max_tokens_per_rank"
         )
-    return [best[1]] * (world // best[1])
+    return [best[1]] * (world // best[1]), best[2]

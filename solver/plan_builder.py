@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from solver.cost_model import CostModel, mfu
-from solver.layout import Layout, LayoutEval, Parent, child_terms, split_tokens
+from solver.layout import Layout, LayoutEval, Parent, split_tokens
 from solver.schema import (
     AllToAll,
     ChildOut,
@@ -80,13 +80,18 @@ def _split_sizes(layout: Layout, tokens: list[int]) -> AllToAll:
 
 
 def build_plan(
-    request: PlanRequest, mode: Mode, outcome: SolveOutcome, cost: CostModel,
-    model_flops: float, solve_ms: float,
+    request: PlanRequest,
+    mode: Mode,
+    outcome: SolveOutcome,
+    cost: CostModel,
+    model_flops: float,
+    solve_ms: float,
 ) -> Plan:
     tokens_of = list(request.lengths)
     layout = outcome.layout
     tokens = rank_tokens(layout, cost.world_size, tokens_of)
-    parents, children = [], []
+    parents: list[ParentOut] = []
+    children: list[ChildOut] = []
     for j, p in enumerate(layout):
         parents.append(ParentOut(id=j, ranks=[p.start, p.start + p.size], samples=list(p.samples)))
         for c in p.children:
@@ -136,10 +141,3 @@ def canonical_json(plan: Plan, *, drop_timing: bool = False) -> str:
     if drop_timing:
         data["metrics"].pop("solve_ms", None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def child_tokens(parent: Parent, tokens_of: list[int]) -> list[int]:
-    return [sum(tokens_of[s] for s in c.samples) for c in parent.children]
-
-
-__all__ = ["SolveOutcome", "build_plan", "canonical_json", "child_terms", "rank_tokens"]

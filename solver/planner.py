@@ -12,36 +12,24 @@ Pipeline (each stage deterministic; the wall-clock deadline is only a safety net
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver.bounds import membership_free_bound, parent_bound
-from solver.child_packer import ChildPacker
-from solver.layout import Layout, LayoutEval, baseline_layout, evaluate, parent_starts
-from solver.membership import balance, members_from_parent_of
+from solver.bounds import membership_free_bound
+from solver.children import polish, solve_children
+from solver.deadline import Deadline
+from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
+from solver.membership import Objective, balance, members_from_parent_of
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy
 
 DEFAULT_DEADLINE_MS = 1000
+
+UPSTREAM_OBJECTIVE: Objective = "tokens"
+"""The default membership (no ``parent_of``) models a data loader that balances tokens per
+rank across parents, as loaders without a cost model do; the baseline is measured on it."""
 GAP_TOLERANCE = 1e-9
-
-
-class Deadline:
-    """Wall-clock budget; checked between stages, never inside a deterministic step."""
-
-    def __init__(self, ms: float) -> None:
-        self.end = time.perf_counter() + ms / 1e3
-        self.fired = False
-
-    def remaining_s(self) -> float:
-        return self.end - time.perf_counter()
-
-    def expired(self) -> bool:
-        if self.remaining_s() <= 0:
-            self.fired = True
-        return self.fired
 
 
 @dataclass(frozen=True)
@@ -51,38 +39,15 @@ class _Candidate:
     lower_bound_s: float
 
 
-def solve_children(
-    problem: Problem, sizes: Sequence[int], members: Sequence[Sequence[int]], deadline: Deadline
-) -> _Candidate:
-    """Children of every parent for a fixed membership, critical parent first.
-
-    Parents below the running step time only need a layout that stays under it, so they get a
-    single targeted pack; a parent that would exceed it gets the full search.
-    """
-    starts = parent_starts(sizes)
-    bounds = [parent_bound(problem, n, m, repack=True) for n, m in zip(sizes, members, strict=True)]
-    order = sorted(range(len(sizes)), key=lambda j: (-bounds[j], j))
-    parents: dict[int, object] = {}
-    step = 0.0
-    for j in order:
-        packer = ChildPacker(problem, starts[j], sizes[j], members[j])
-        target = step if step > bounds[j] and not deadline.expired() else None
-        if deadline.fired:
-            solution = packer.solve(target=float("inf"))
-        else:
-            solution = packer.solve(target=target)
-        parents[j] = solution.parent
-        step = max(step, solution.seconds)
-    layout = tuple(parents[j] for j in range(len(sizes)))  # type: ignore[misc]
-    return _Candidate(layout, evaluate(layout, problem.cost, problem.costs), max(bounds))
-
-
-def _baseline_members(
-    problem: Problem, request: PlanRequest, sizes: Sequence[int]
-) -> list[list[int]]:
-    if request.parent_of is not None:
-        return members_from_parent_of(request.parent_of, len(sizes))
-    return balance(problem, sizes, "baseline")
+def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int], list[list[int]]]:
+    """Parent sizes and the baseline membership: the request's, else derived and balanced."""
+    if request.parent_sizes is not None:
+        sizes = list(request.parent_sizes)
+        if request.parent_of is not None:
+            return sizes, members_from_parent_of(request.parent_of, len(sizes))
+        return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE)
+    sizes, greedy = derive_parent_sizes(problem, request)
+    return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy)
 
 
 def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
@@ -92,8 +57,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
     deadline = Deadline(budget)
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
-    sizes = request.parent_sizes or derive_parent_sizes(problem, request)
-    base_members = _baseline_members(problem, request, sizes)
+    sizes, base_members = _baseline_parents(problem, request)
     base_layout = baseline_layout(sizes, base_members)
     base_eval = evaluate(base_layout, problem.cost, problem.costs)
 
@@ -102,27 +66,27 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
         lb = base_eval.step_s if fixed else membership_free_bound(problem, sizes, repack=False)
         best = _Candidate(base_layout, base_eval, lb)
     else:
-        best = solve_children(problem, sizes, base_members, deadline)
+        chosen = solve_children(problem, sizes, base_members, deadline)
         if mode in ("repack+parent", "repack+sizing") and not deadline.expired():
-            members = balance(problem, sizes, "repack", start=_parent_of(base_members, problem))
-            candidate = solve_children(problem, sizes, members, deadline)
-            if candidate.evaluation.step_s < best.evaluation.step_s:
-                best = candidate
-            free = membership_free_bound(problem, sizes, repack=True)
-            best = _Candidate(best.layout, best.evaluation, free)
+            members = balance(problem, sizes, "repack", start=base_members)
+            moved = solve_children(problem, sizes, members, deadline)
+            if moved.evaluation.step_s < chosen.evaluation.step_s:
+                chosen = moved
+        chosen = polish(problem, chosen, deadline)
+        lb = max(chosen.parent_bounds)
+        if mode != "repack":
+            # The membership is a decision here: only a bound over all memberships is true.
+            lb = membership_free_bound(problem, sizes, repack=True)
+        best = _Candidate(chosen.layout, chosen.evaluation, lb)
     outcome = _outcome(best, base_eval, deadline)
     return build_plan(
-        request, mode, outcome, problem.cost, problem.costs.model_flops,
+        request,
+        mode,
+        outcome,
+        problem.cost,
+        problem.costs.model_flops,
         solve_ms=(time.perf_counter() - t0) * 1e3,
     )
-
-
-def _parent_of(members: Sequence[Sequence[int]], problem: Problem) -> list[int]:
-    parent_of = [0] * problem.num_samples
-    for j, group in enumerate(members):
-        for s in group:
-            parent_of[s] = j
-    return parent_of
 
 
 def _outcome(best: _Candidate, base: LayoutEval, deadline: Deadline) -> SolveOutcome:

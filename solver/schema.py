@@ -68,9 +68,7 @@ class ClusterSpec(BaseModel):
         160.0 / 7.0, gt=0, description="All-to-all GB/s across nodes."
     )
     peak_tflops: FiniteFloat = Field(989.0, gt=0, description="Peak dense TFLOP/s per GPU.")
-    compute_efficiency: FiniteFloat = Field(
-        0.55, gt=0, le=1, description="Achieved share of peak."
-    )
+    compute_efficiency: FiniteFloat = Field(0.55, gt=0, le=1, description="Achieved share of peak.")
     max_tokens_per_rank: StrictInt = Field(
         32768, ge=1, description="Activation memory limit in tokens per rank."
     )
@@ -272,7 +270,9 @@ class PlanRequest(BaseModel):
         load = [0] * len(sizes)
         for i, p in enumerate(v):
             if not 0 <= p < len(sizes):
-                raise ValueError(f"parent_of[{i}] = {p} is not a parent index (0..{len(sizes) - 1})")
+                raise ValueError(
+                    f"parent_of[{i}] = {p} is not a parent index (0..{len(sizes) - 1})"
+                )
             load[p] += lengths[i]
         cluster = info.data.get("cluster")
         if cluster is not None:

@@ -1,0 +1,93 @@
+"""Children of every parent for a fixed membership: greedy packing, then CP-SAT on the
+critical parent.
+
+Parents are independent subproblems given the membership (the step waits for the slowest), so
+the work goes where the step time is decided: the parent with the largest bound is packed with
+the full search, the others with a single pack aimed at the running step time, and CP-SAT then
+polishes whichever parent is critical until it is proven, stops improving, or time runs out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solver.bounds import parent_bound, unrepacked_seconds
+from solver.child_cpsat import ChildModel, slot_count
+from solver.child_packer import ChildPacker
+from solver.deadline import Deadline
+from solver.layout import Layout, LayoutEval, Parent, evaluate, parent_starts, parent_time
+from solver.problem import Problem
+
+MAX_MODEL_ASSIGNMENTS = 2_500
+"""CP-SAT is skipped for a parent with more sample-to-slot pairs than this: building the model
+in Python alone would cost more than the latency budget of a 64-GPU step."""
+
+POLISH_ROUNDS = 2
+"""At most this many CP-SAT solves per request."""
+
+POLISH_MIN_GAP = 0.005
+"""CP-SAT runs only on a critical parent whose time is this far (relative) above its bound:
+closer than that, the solve costs more latency than it can win."""
+
+
+@dataclass(frozen=True)
+class ChildrenSolution:
+    layout: Layout
+    evaluation: LayoutEval
+    parent_bounds: tuple[float, ...]
+    """True lower bound of each parent's time for this membership."""
+
+
+def solve_children(
+    problem: Problem,
+    sizes: Sequence[int],
+    members: Sequence[Sequence[int]],
+    deadline: Deadline,
+) -> ChildrenSolution:
+    """Greedy children for every parent, the one with the largest bound searched hardest."""
+    starts = parent_starts(sizes)
+    bounds = [parent_bound(problem, n, m, repack=True) for n, m in zip(sizes, members, strict=True)]
+    order = sorted(range(len(sizes)), key=lambda j: (-bounds[j], j))
+    parents: list[Parent | None] = [None] * len(sizes)
+    step = 0.0
+    for j in order:
+        packer = ChildPacker(problem, starts[j], sizes[j], members[j])
+        if deadline.expired():
+            solution = packer.solve(target=float("inf"))  # one pack, no search
+        else:
+            solution = packer.solve(target=step if step > bounds[j] else None)
+        parents[j] = solution.parent
+        step = max(step, solution.seconds)
+    layout = tuple(p for p in parents if p is not None)
+    return ChildrenSolution(layout, evaluate(layout, problem.cost, problem.costs), tuple(bounds))
+
+
+def polish(problem: Problem, solution: ChildrenSolution, deadline: Deadline) -> ChildrenSolution:
+    """CP-SAT on the critical parent: a better layout, a tighter bound, or both; repeated on
+    the next critical parent while the previous one was settled."""
+    parents, bounds = list(solution.layout), list(solution.parent_bounds)
+    times = list(solution.evaluation.parent_s)
+    for _ in range(POLISH_ROUNDS):
+        c = max(range(len(parents)), key=lambda j: (times[j], -j))
+        if bounds[c] >= times[c] * (1 - POLISH_MIN_GAP) or deadline.expired():
+            break
+        p = parents[c]
+        if len(p.samples) * slot_count(problem, p.size) > MAX_MODEL_ASSIGNMENTS:
+            break
+        model = ChildModel(problem, p.start, p.size, p.samples, incumbent_s=times[c])
+        if p.repacked:
+            model.hint(p)
+        result = model.solve(deadline.remaining_s())
+        if result.stopped_by_time:
+            deadline.fired = True
+        unrepacked = unrepacked_seconds(problem, p.size, p.samples)
+        bounds[c] = max(bounds[c], min(unrepacked, result.lower_bound_s))
+        if result.parent is not None:
+            t = parent_time(result.parent, problem.cost, problem.costs)
+            if t < times[c]:
+                parents[c], times[c] = result.parent, t
+        if bounds[c] < times[c] * (1 - POLISH_MIN_GAP):
+            break  # the critical parent stays open: another parent cannot change the step
+    layout = tuple(parents)
+    return ChildrenSolution(layout, evaluate(layout, problem.cost, problem.costs), tuple(bounds))
