@@ -43,6 +43,9 @@ METRIC_COLUMNS = (
 )
 """Plan metrics copied into columns so that history queries never parse plan bodies."""
 
+MAX_STEP = 2**63 - 1
+"""Steps are stored as 64-bit integers (BIGINT); larger ones are refused at the edge."""
+
 
 class Base(DeclarativeBase):
     pass

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, StoreDep
 from api.problems import ProblemError, problem_responses
-from api.storage import PlanRow, as_utc
+from api.storage import MAX_STEP, PlanRow, as_utc
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -112,7 +112,7 @@ async def list_steps(
     job_id: Annotated[str, Path(min_length=1, max_length=200)],
     store: StoreDep,
     settings: SettingsDep,
-    after: Annotated[int | None, Query(ge=-1, description="Last step seen.")] = None,
+    after: Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")] = None,
     limit: Limit = None,
 ) -> StepPage:
     """A job's plans in step order with their metrics."""

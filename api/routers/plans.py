@@ -9,12 +9,11 @@ from fastapi.exceptions import RequestValidationError
 
 from api.deps import ServiceDep
 from api.problems import ProblemError, problem_responses
+from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
-MAX_STEP = 2**63 - 1
-"""Steps are stored as 64-bit integers."""
 SOURCE_HEADER = "X-Repack-Plan-Source"
 """Where the answer came from: solved, inflight (joined a running solve), memory, database."""
 
