@@ -109,9 +109,13 @@ def _make_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-        # WAL lets readers (replays, dashboard) run while a plan is written.
+        # WAL lets readers (replays, dashboard) run while a plan is written. synchronous=NORMAL
+        # in WAL mode survives any crash or restart of the service (the WAL is fsynced at
+        # checkpoints); only an OS crash or power loss can drop the last commits. It takes the
+        # ~5 ms fsync off every new plan.
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
     return engine
@@ -139,8 +143,8 @@ class PlanStore:
         stmt = select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body).where(
             PlanRow.plan_id == plan_id
         )
-        with self._sessions() as session:
-            row = session.execute(stmt).first()
+        with self.engine.connect() as conn:  # Core, not a Session: this is the replay path
+            row = conn.execute(stmt).first()
         return None if row is None else StoredPlan(row[0], row[1], row[2].encode())
 
     def get_row(self, plan_id: str) -> PlanRow | None:
