@@ -32,7 +32,9 @@ class Settings(BaseSettings):
         1000, gt=0, le=600_000, description="Deadline of a request that sets none."
     )
     deadline_margin_ms: float = Field(
-        10.0, ge=0, description="Share of the deadline kept for IPC, storage and the response."
+        10.0,
+        ge=0,
+        description="Milliseconds of the deadline kept for IPC, storage and the response.",
     )
     min_solve_budget_ms: float = Field(
         1.0, gt=0, description="Smallest budget handed to the solver, even when late."

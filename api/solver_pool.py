@@ -8,6 +8,7 @@ solver once, so a fresh worker costs milliseconds, and the loop process never fo
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import multiprocessing
 import time
@@ -51,6 +52,16 @@ class Saturated(Exception):
     def __init__(self, retry_after_s: int) -> None:
         super().__init__(f"solver queue full, retry after {retry_after_s} s")
         self.retry_after_s = retry_after_s
+
+
+def _init_worker() -> None:
+    """Move the imported modules' objects out of the garbage collector's reach.
+
+    ``plan()`` allocates enough to trigger full collections, and each one would otherwise walk
+    every object the imports of numpy, pydantic and OR-Tools left behind.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def solve_in_worker(
@@ -102,7 +113,9 @@ class SolverPool:
         self._executor = self._new_executor()
 
     def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx)
+        return ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=self._ctx, initializer=_init_worker
+        )
 
     async def warm_up(self) -> None:
         """Start every worker by giving each a tiny solve; marks the pool healthy."""

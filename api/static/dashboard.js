@@ -93,7 +93,7 @@ const Repack = (() => {
       el.style.background = colour(child.id);
       const tokens = child.samples.reduce((a, s) => a + lengths[s], 0);
       el.textContent = child.samples.length
-        ? `SP${end - start} · ${child.samples.length} smp · ${fmtTokens(tokens)} tok` : "idle";
+        ? `SP${end - start} · ${child.samples.length} smp\n${fmtTokens(tokens)} tok` : "idle";
       el.title = child.samples.map((s) => `#${s}: ${lengths[s]}`).join("\n") || "no samples";
       el.addEventListener("mouseenter", () => showDetails(panel, child, lengths));
       grid.appendChild(el);
