@@ -32,9 +32,9 @@ def test_commands_are_registered() -> None:
 
 
 def test_serve_answers_health_and_plans() -> None:
-    with served() as url:
-        assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
-        r = httpx.post(f"{url}/v1/plans", json={**SMALL_REQUEST, "job_id": "s", "step": 0})
+    with served() as server:
+        assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+        r = httpx.post(f"{server.url}/v1/plans", json={**SMALL_REQUEST, "job_id": "s", "step": 0})
         assert r.status_code == 200
         assert r.json()["plan_id"] == "s-0"
 
@@ -70,11 +70,12 @@ def test_demo_reads_request_files(tmp_path: Path) -> None:
 def test_bench_service_prints_its_tables() -> None:
     result = repack(
         "bench-service", "--concurrency", "1", "2", "--requests", "3", "--replays", "4",
-        "--nodes", "1",
+        "--nodes", "1", "--deadline-ms", "500",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.count("| loaders | requests | p50 ms | p99 ms |") == 2
+    assert "deadline_ms 500" in out
     assert "service overhead" in out
     rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
     assert len(rows) == 2
