@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,6 +41,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         try:
             await pool.warm_up()
+            # Everything imported so far lives as long as the process: keep it out of the
+            # garbage collector's full passes, which would otherwise walk it on every one.
+            gc.collect()
+            gc.freeze()
             app.state.service = PlanService(
                 store, pool, metrics, settings.plan_cache_size, settings.default_deadline_ms
             )
