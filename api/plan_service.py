@@ -81,7 +81,7 @@ class PlanService:
         self.metrics = metrics
         self.cache = PlanCache(cache_size)
         self.default_deadline_ms = default_deadline_ms
-        self._inflight: dict[str, tuple[str, asyncio.Task[StoredPlan]]] = {}
+        self._inflight: dict[str, asyncio.Task[StoredPlan]] = {}
 
     async def get(self, plan_id: str) -> bytes | None:
         cached = self.cache.get(plan_id)
@@ -98,14 +98,11 @@ class PlanService:
         plan_id = plan_id_for(request, request.resolved_mode)
         digest = request_digest(request)
         answer = await self._existing(plan_id, digest)
-        recent = self.cache.get(plan_id)  # it may have landed while the database was read
-        if answer is None and recent is not None:
-            answer = PlanAnswer(self._check(recent, digest).body, "memory")
         if answer is None:
             task = self._inflight.get(plan_id)
             if task is not None:
                 self.metrics.cache_hits.labels(source="inflight").inc()
-                stored = await asyncio.shield(task[1])
+                stored = await asyncio.shield(task)
                 answer = PlanAnswer(self._check(stored, digest).body, "inflight")
             else:
                 answer = await self._lead(request, plan_id, digest, started + budget_ms / 1e3)
@@ -114,6 +111,7 @@ class PlanService:
         return answer
 
     async def _existing(self, plan_id: str, digest: str) -> PlanAnswer | None:
+        """The stored plan for this key, from memory or the database, if there is one."""
         source: Source = "memory"
         stored = self.cache.get(plan_id)
         if stored is None and plan_id not in self._inflight:
@@ -121,6 +119,8 @@ class PlanService:
             stored = await run_in_threadpool(self.store.get, plan_id)
             if stored is not None:
                 self.cache.put(stored)
+            else:  # a solve of this key may have finished while the database was read
+                source, stored = "memory", self.cache.get(plan_id)
         if stored is None:
             return None
         self.metrics.cache_hits.labels(source=source).inc()
@@ -141,7 +141,7 @@ class PlanService:
             ) from exc
         self.metrics.queue.set(self.pool.pending)
         task = asyncio.create_task(self._store(request, digest, solving))
-        self._inflight[plan_id] = (digest, task)
+        self._inflight[plan_id] = task
         task.add_done_callback(lambda _t: self._inflight.pop(plan_id, None))
         stored = await asyncio.shield(task)
         return PlanAnswer(self._check(stored, digest).body, "solved")
