@@ -108,7 +108,7 @@ class SolverPool:
         self.min_budget_ms = min_budget_ms
         self.pending = 0
         self.healthy = False
-        self._mean_solve_s = 0.05
+        self._mean_latency_s = 0.05
         self._ctx = ctx
         self._executor = self._new_executor()
 
@@ -131,9 +131,12 @@ class SolverPool:
         self.healthy = True
 
     def retry_after(self) -> int:
-        """Seconds until the queue has likely drained by one slot's worth."""
-        wait = self.pending * self._mean_solve_s / self.workers
-        return max(self.retry_after_s, math.ceil(wait))
+        """Seconds to wait before retrying: the recent mean time from admission to answer.
+
+        A slot frees sooner than that (whenever any solve ends), so this errs on the side of
+        patience, which is what a saturated service needs from its clients.
+        """
+        return max(self.retry_after_s, math.ceil(self._mean_latency_s))
 
     def submit(self, request: PlanRequest, deadline_at: float) -> asyncio.Future[Solved | Rejected]:
         """Queue a solve, or raise ``Saturated`` at once when the queue is full.
@@ -158,15 +161,15 @@ class SolverPool:
             self.pending -= 1
             if not done.cancelled() and isinstance(done.exception(), BrokenProcessPool):
                 self._replace_broken()
-            # A running mean of solve time (queue wait included) sizes Retry-After.
-            self._mean_solve_s = 0.9 * self._mean_solve_s + 0.1 * (time.perf_counter() - start)
+            # A running mean of admission-to-answer time sizes Retry-After.
+            self._mean_latency_s = 0.9 * self._mean_latency_s + 0.1 * (time.perf_counter() - start)
 
         future.add_done_callback(_release)
         return future
 
     def _replace_broken(self) -> None:
         """A worker died (killed, out of memory): fail its solves, start a fresh pool."""
-        if self._executor._broken:
+        if self._executor._broken:  # private, but the only way to tell without submitting
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,3 +95,28 @@ def test_event_loop_answers_while_solving(sqlite_url: str, start_server: ServerF
     assert jobs.status_code == 200
     assert still_solving, "the health check should have been answered during the solve"
     assert result[0].status_code == 200
+
+
+def test_a_killed_worker_gives_503_and_the_pool_recovers(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    pool = server.server.config.app.state.service.pool
+    body = {"cluster": {"nodes": 64}, "lengths": [1000] * 1000, "job_id": "crash", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    for pid in list(pool._executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    poster.join()
+    assert result[0].status_code == 503
+    assert result[0].headers["content-type"] == "application/problem+json"
+    assert int(result[0].headers["retry-after"]) >= 1
+    again = httpx.post(f"{server.url}/v1/plans", json={**body, "lengths": [1000] * 10}, timeout=120)
+    assert again.status_code == 200
+    assert again.headers["x-repack-plan-source"] == "solved"
