@@ -38,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             retry_after_s=settings.retry_after_s,
             margin_ms=settings.deadline_margin_ms,
             min_budget_ms=settings.min_solve_budget_ms,
+            database_url=settings.database_url,
         )
         try:
             await pool.warm_up()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
@@ -23,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from api.metrics import ServiceMetrics
 from api.problems import ProblemError
 from api.solver_pool import Rejected, Saturated, Solved, SolverPool
-from api.storage import PlanRow, PlanStore, StoredPlan, utcnow
+from api.storage import PlanStore, StoredPlan
 from solver.errors import PlanningError
 from solver.plan_builder import plan_id_for
 from solver.schema import PlanRequest
@@ -130,7 +129,7 @@ class PlanService:
         self, request: PlanRequest, plan_id: str, digest: str, deadline_at: float
     ) -> PlanAnswer:
         try:
-            solving = self.pool.submit(request, deadline_at)
+            solving = self.pool.submit(request, digest, deadline_at)
         except Saturated as exc:
             self.metrics.rejected.inc()
             raise ProblemError(
@@ -140,15 +139,14 @@ class PlanService:
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from exc
         self.metrics.queue.set(self.pool.pending)
-        task = asyncio.create_task(self._store(request, digest, solving))
+        task = asyncio.create_task(self._finish(solving))
         self._inflight[plan_id] = task
         task.add_done_callback(lambda _t: self._inflight.pop(plan_id, None))
         stored = await asyncio.shield(task)
         return PlanAnswer(self._check(stored, digest).body, "solved")
 
-    async def _store(
-        self, request: PlanRequest, digest: str, solving: asyncio.Future[Solved | Rejected]
-    ) -> StoredPlan:
+    async def _finish(self, solving: asyncio.Future[Solved | Rejected]) -> StoredPlan:
+        """Await the worker (which stored the plan) and publish the result."""
         try:
             solved = await solving
         except BrokenProcessPool as exc:
@@ -162,17 +160,12 @@ class PlanService:
             self.metrics.queue.set(self.pool.pending)
         if isinstance(solved, Rejected):
             raise PlanningError(solved.field, solved.message)
-        stored = await run_in_threadpool(self.store.insert, _row(request, digest, solved))
-        self.cache.put(stored)
-        if stored.body == solved.body:  # count plans this instance made, not lost races
+        self.cache.put(solved.stored)
+        if solved.fresh:  # count plans this instance made, not lost races
             self.metrics.observe_plan(
-                solved.status,
-                solved.mode,
-                solved.stopped_by,
-                solved.metrics.get("gap"),
-                float(solved.metrics["speedup"] or 0.0),
+                solved.status, solved.mode, solved.stopped_by, solved.gap, solved.speedup
             )
-        return stored
+        return solved.stored
 
     @staticmethod
     def _check(stored: StoredPlan, digest: str) -> StoredPlan:
@@ -184,30 +177,3 @@ class PlanService:
                 "(job_id, step) may only be reused with the same body (deadline_ms aside)",
             )
         return stored
-
-
-def _row(request: PlanRequest, digest: str, solved: Solved) -> PlanRow:
-    m = solved.metrics
-    return PlanRow(
-        plan_id=solved.plan_id,
-        job_id=request.job_id,
-        step=request.step,
-        request_digest=digest,
-        mode=solved.mode,
-        status=solved.status,
-        stopped_by=solved.stopped_by,
-        nodes=request.cluster.nodes,
-        gpus_per_node=request.cluster.gpus_per_node,
-        num_samples=len(request.lengths),
-        step_time_ms=m["step_time_ms"],
-        baseline_step_time_ms=m["baseline_step_time_ms"],
-        speedup=m["speedup"],
-        mfu=m["mfu"],
-        baseline_mfu=m["baseline_mfu"],
-        gap=m.get("gap"),
-        lower_bound_ms=m.get("lower_bound_ms"),
-        solve_ms=m.get("solve_ms"),
-        lengths=json.dumps(list(request.lengths), separators=(",", ":")),
-        body=solved.body.decode(),
-        created_at=utcnow(),
-    )

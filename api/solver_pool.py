@@ -3,6 +3,8 @@
 ``plan()`` is CPU-bound Python, so threads would serialise on the GIL and slow the event loop;
 worker processes solve in parallel. Workers are forked from a ``forkserver`` that imported the
 solver once, so a fresh worker costs milliseconds, and the loop process never forks itself.
+A worker also stores the plan it made (its own database connections), so a new plan costs the
+event loop's process no serialisation and no database write.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from api.storage import PlanStore, StoredPlan, plan_row
 from solver.errors import PlanningError
 from solver.plan_builder import canonical_json
 from solver.planner import plan
@@ -25,16 +28,22 @@ WARMUP_REQUEST = PlanRequest(cluster={"nodes": 1}, lengths=[1024, 512])
 """A tiny step every worker solves at start, so the first real request finds it warm."""
 
 
+_store: PlanStore | None = None
+"""The worker process's own repository (set by ``_init_worker``)."""
+
+
 @dataclass(frozen=True)
 class Solved:
-    """A worker's answer: the canonical plan bytes plus the fields the service indexes."""
+    """A worker's answer: what is stored for the key now, and the quality of the plan made."""
 
-    body: bytes
-    plan_id: str
+    stored: StoredPlan
+    fresh: bool
+    """True when this solve's plan is the stored one (False: another writer was first)."""
     mode: str
     status: str
     stopped_by: str | None
-    metrics: dict[str, float | None]
+    gap: float | None
+    speedup: float
 
 
 @dataclass(frozen=True)
@@ -54,37 +63,53 @@ class Saturated(Exception):
         self.retry_after_s = retry_after_s
 
 
-def _init_worker() -> None:
-    """Move the imported modules' objects out of the garbage collector's reach.
+def _init_worker(database_url: str) -> None:
+    """Open the worker's database and move the imports out of the garbage collector's reach.
 
     ``plan()`` allocates enough to trigger full collections, and each one would otherwise walk
     every object the imports of numpy, pydantic and OR-Tools left behind.
     """
+    global _store
+    _store = PlanStore(database_url)
     gc.collect()
     gc.freeze()
 
 
-def solve_in_worker(
-    request: PlanRequest, deadline_at: float, margin_ms: float, min_budget_ms: float
+def warm_worker() -> None:
+    """Solve a tiny step (not stored) so the first real request finds the worker warm."""
+    plan(WARMUP_REQUEST)
+
+
+def solve_and_store(
+    request: PlanRequest,
+    digest: str,
+    deadline_at: float,
+    margin_ms: float,
+    min_budget_ms: float,
 ) -> Solved | Rejected:
-    """Runs in a worker process: plan within what is left of the deadline.
+    """Runs in a worker process: plan within what is left of the deadline, then store it.
 
     ``deadline_at`` is a ``time.monotonic()`` instant; the monotonic clock is system-wide on
-    Linux, so the time the request spent queued counts against its budget.
+    Linux, so the time the request spent queued counts against its budget. The insert is
+    first-writer-wins, so the answer is whatever the key holds afterwards.
     """
     budget_ms = max(min_budget_ms, (deadline_at - time.monotonic()) * 1e3 - margin_ms)
     try:
         result = plan(request, deadline_ms=budget_ms)
     except PlanningError as exc:
         return Rejected(exc.field, exc.message)
-    metrics = result.metrics.model_dump(exclude={"stopped_by"})
+    body = canonical_json(result)
+    assert _store is not None, "worker started without _init_worker"
+    stored = _store.insert(plan_row(request, digest, result, body))
+    m = result.metrics
     return Solved(
-        body=canonical_json(result).encode(),
-        plan_id=result.plan_id,
+        stored=stored,
+        fresh=stored.body == body.encode(),
         mode=result.mode,
         status=result.status,
-        stopped_by=result.metrics.stopped_by,
-        metrics=metrics,
+        stopped_by=m.stopped_by,
+        gap=m.gap,
+        speedup=m.speedup,
     )
 
 
@@ -98,6 +123,7 @@ class SolverPool:
         retry_after_s: int,
         margin_ms: float,
         min_budget_ms: float,
+        database_url: str,
     ) -> None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["solver.planner", "api.solver_pool"])
@@ -106,6 +132,7 @@ class SolverPool:
         self.retry_after_s = retry_after_s
         self.margin_ms = margin_ms
         self.min_budget_ms = min_budget_ms
+        self.database_url = database_url
         self.pending = 0
         self.healthy = False
         self._mean_latency_s = 0.05
@@ -114,19 +141,16 @@ class SolverPool:
 
     def _new_executor(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
-            max_workers=self.workers, mp_context=self._ctx, initializer=_init_worker
+            max_workers=self.workers,
+            mp_context=self._ctx,
+            initializer=_init_worker,
+            initargs=(self.database_url,),
         )
 
     async def warm_up(self) -> None:
         """Start every worker by giving each a tiny solve; marks the pool healthy."""
         loop = asyncio.get_running_loop()
-        deadline_at = time.monotonic() + 60
-        jobs = [
-            loop.run_in_executor(
-                self._executor, solve_in_worker, WARMUP_REQUEST, deadline_at, 0.0, 1.0
-            )
-            for _ in range(self.workers)
-        ]
+        jobs = [loop.run_in_executor(self._executor, warm_worker) for _ in range(self.workers)]
         await asyncio.gather(*jobs)
         self.healthy = True
 
@@ -138,8 +162,10 @@ class SolverPool:
         """
         return max(self.retry_after_s, math.ceil(self._mean_latency_s))
 
-    def submit(self, request: PlanRequest, deadline_at: float) -> asyncio.Future[Solved | Rejected]:
-        """Queue a solve, or raise ``Saturated`` at once when the queue is full.
+    def submit(
+        self, request: PlanRequest, digest: str, deadline_at: float
+    ) -> asyncio.Future[Solved | Rejected]:
+        """Queue a solve (stored by the worker), or raise ``Saturated`` when the queue is full.
 
         Synchronous on purpose: admission and the slot it takes happen without yielding to the
         event loop, so a burst cannot over-admit.
@@ -150,8 +176,9 @@ class SolverPool:
         start = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(
             self._executor,
-            solve_in_worker,
+            solve_and_store,
             request,
+            digest,
             deadline_at,
             self.margin_ms,
             self.min_budget_ms,

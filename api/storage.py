@@ -6,6 +6,7 @@ bytes are what every later request for the same key gets back, also after a rest
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,17 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, sessionmaker
 
-METRIC_COLUMNS = (
-    "step_time_ms",
-    "baseline_step_time_ms",
-    "speedup",
-    "mfu",
-    "baseline_mfu",
-    "gap",
-    "lower_bound_ms",
-    "solve_ms",
-)
-"""Plan metrics copied into columns so that history queries never parse plan bodies."""
+from solver.schema import Plan, PlanRequest
 
 MAX_STEP = 2**63 - 1
 """Steps are stored as 64-bit integers (BIGINT); larger ones are refused at the edge."""
@@ -52,7 +43,8 @@ class Base(DeclarativeBase):
 
 
 class PlanRow(Base):
-    """One accepted plan; ``body`` is the exact JSON every replay returns."""
+    """One accepted plan; ``body`` is the exact JSON every replay returns. The metrics are
+    copied into columns so that history queries never parse plan bodies."""
 
     __tablename__ = "plans"
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_plans_job_step"),)
@@ -198,6 +190,34 @@ class PlanStore:
             stmt = stmt.where(PlanRow.step > after)
         with self._sessions() as session:
             return session.scalars(stmt).all()
+
+
+def plan_row(request: PlanRequest, digest: str, plan: Plan, body: str) -> PlanRow:
+    """The row that stores ``plan`` (serialised as ``body``) for ``request``."""
+    m = plan.metrics
+    return PlanRow(
+        plan_id=plan.plan_id,
+        job_id=request.job_id,
+        step=request.step,
+        request_digest=digest,
+        mode=plan.mode,
+        status=plan.status,
+        stopped_by=m.stopped_by,
+        nodes=request.cluster.nodes,
+        gpus_per_node=request.cluster.gpus_per_node,
+        num_samples=len(request.lengths),
+        step_time_ms=m.step_time_ms,
+        baseline_step_time_ms=m.baseline_step_time_ms,
+        speedup=m.speedup,
+        mfu=m.mfu,
+        baseline_mfu=m.baseline_mfu,
+        gap=m.gap,
+        lower_bound_ms=m.lower_bound_ms,
+        solve_ms=m.solve_ms,
+        lengths=json.dumps(list(request.lengths), separators=(",", ":")),
+        body=body,
+        created_at=utcnow(),
+    )
 
 
 def as_utc(value: datetime) -> datetime:
