@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from api.metrics import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from api.problems import ProblemError
 
 
