@@ -2,8 +2,8 @@
 
 Every bound here is a relaxation of the cost model, never an estimate:
 
-* ``aggregate``: every parent's rank-seconds are at least its compute with no communication, and
-  the step is at least the mean over ranks (all modes, any membership, any sizes);
+* ``aggregate``: every parent's rank-seconds are at least its compute plus the all-to-all that
+  no layout avoids, and the step is at least the mean over ranks (any membership);
 * ``per sample``: a parent holding sample i is at least as slow as i alone in its best layout;
 * ``per parent`` (fixed membership): the larger of its members' single-sample bounds and its own
   work spread evenly, or its unrepacked time if that is smaller (both layouts are allowed).
@@ -18,13 +18,27 @@ from solver.membership import single_sample_bound
 from solver.problem import Problem
 
 
-def aggregate_bound(problem: Problem) -> float:
+def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
+    """Mean rank-seconds over the cluster, with the communication no layout can avoid.
+
+    A parent of size P spends ``P * time >= F + T * (linear + a2a(P))`` on its full layers, so
+    every token pays at least the cheapest all-to-all among the parent sizes on offer; a sample
+    longer than a node forces its parent to stay unrepacked, so its tokens also pay that
+    parent's all-to-all in the sparse layers.
+    """
     cost = problem.cost
     lin = cost.linear_seconds_per_token
+    a2a = {size: cost.a2a_seconds_per_token(size) for size in set(sizes)}
+    cheapest = min(a2a.values())
+    node_capacity = problem.capacity(cost.gpus_per_node)
+    forced = 0.0
+    for length in problem.tokens:
+        if length > node_capacity:
+            forced += length * min(a for size, a in a2a.items() if problem.capacity(size) >= length)
     total_tokens = sum(problem.tokens)
     rank_seconds = cost.full_layers * (
-        sum(problem.full_s) + total_tokens * lin
-    ) + cost.sparse_layers * sum(problem.work_s)
+        sum(problem.full_s) + total_tokens * (lin + cheapest)
+    ) + cost.sparse_layers * (sum(problem.work_s) + forced)
     return rank_seconds / cost.world_size
 
 
@@ -71,4 +85,4 @@ def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) 
         for size in sorted(set(sizes))
         if problem.tokens[longest] <= problem.capacity(size)
     )
-    return max(per_sample, aggregate_bound(problem))
+    return max(per_sample, aggregate_bound(problem, sizes))

@@ -52,6 +52,8 @@ class ChildModelResult:
     """True lower bound of any repacked layout of this parent."""
     optimal: bool
     stopped_by_time: bool
+    objective_s: float | None = None
+    """The model's objective of ``parent`` plus the full-attention constant (relaxed time)."""
 
 
 class ChildModel:
@@ -209,11 +211,15 @@ class ChildModel:
             proto.vars.append(var.index)
             proto.values.append(value)
 
-    def solve(self, deadline_s: float) -> ChildModelResult:
+    def solve(
+        self, deadline_s: float, work_limit_s: float = DETERMINISTIC_SECONDS
+    ) -> ChildModelResult:
+        """Solve within ``work_limit_s`` deterministic seconds (repeatable) and ``deadline_s``
+        wall seconds (the safety net)."""
         solver = cp_model.CpSolver()
         params = solver.parameters
         params.num_workers = 1  # single worker: deterministic search
-        params.max_deterministic_time = DETERMINISTIC_SECONDS
+        params.max_deterministic_time = work_limit_s
         params.max_time_in_seconds = max(deadline_s, 1e-3)
         params.cp_model_presolve = False  # presolve costs more than it saves at this size
         params.random_seed = 0
@@ -227,9 +233,10 @@ class ChildModel:
             return ChildModelResult(None, self.incumbent, True, False)
         return ChildModelResult(
             self._layout(solver) if found else None,
-            bound if status != cp_model.UNKNOWN else 0.0,
+            bound,
             status == cp_model.OPTIMAL,
             wall and status != cp_model.OPTIMAL,
+            self.full_const_s + solver.objective_value * TIME_UNIT_S if found else None,
         )
 
     def _layout(self, solver: cp_model.CpSolver) -> Parent:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from solver.buddy import Buddy
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Parent, unrepacked
 from solver.problem import Problem
@@ -30,34 +31,6 @@ class _OpenChild:
     sparse_s: float
     tokens: int
     samples: list[int]
-
-
-class _Buddy:
-    """Free aligned blocks of one node segment."""
-
-    def __init__(self, start: int, size: int) -> None:
-        self.free: list[tuple[int, int]] = [(start, size)]
-
-    def take(self, size: int) -> int | None:
-        fitting = [b for b in self.free if b[1] >= size]
-        if not fitting:
-            return None
-        block = min(fitting, key=lambda b: (b[1], b[0]))
-        self.free.remove(block)
-        start, have = block
-        while have > size:
-            have //= 2
-            self.free.append((start + have, have))
-        return start
-
-    def smallest_fit(self, size: int) -> int | None:
-        return min((b[1] for b in self.free if b[1] >= size), default=None)
-
-    def take_exact(self, block: tuple[int, int]) -> bool:
-        if block in self.free:
-            self.free.remove(block)
-            return True
-        return False
 
 
 @dataclass(frozen=True)
@@ -116,7 +89,7 @@ class ChildPacker:
         """Children with sparse-layer time <= z and at most ``mcap`` tokens on any rank."""
         p = self.p
         mcap = min(mcap, p.cost.max_tokens_per_rank)
-        buddies = [_Buddy(s, n) for s, n in self.segments]
+        buddies = [Buddy(s, n) for s, n in self.segments]
         children: list[_OpenChild] = []
         for s in self.members:
             length, sparse = p.tokens[s], p.sparse_s[s]
@@ -142,7 +115,7 @@ class ChildPacker:
 
     def _open(
         self,
-        buddies: list[_Buddy],
+        buddies: list[Buddy],
         children: list[_OpenChild],
         length: int,
         sparse: float,
@@ -164,7 +137,7 @@ class ChildPacker:
             return child
         return None
 
-    def _grow(self, buddies: list[_Buddy], children: list[_OpenChild]) -> None:
+    def _grow(self, buddies: list[Buddy], children: list[_OpenChild]) -> None:
         """Double the slowest child into its free buddy block while that shortens it."""
         seg_of = {s: i for i, (s, _) in enumerate(self.segments)}
         seg_size = self.segments[0][1]
@@ -173,14 +146,13 @@ class ChildPacker:
             if 2 * c.size > seg_size or 2 * c.size not in self.sizes:
                 return
             base = c.start - (c.start - self.start) % seg_size
-            offset = c.start - base
-            buddy = (base + (offset ^ c.size), c.size)
             now = self.child_s(c.size, c.sparse_s, c.tokens)
             if self.child_s(2 * c.size, c.sparse_s, c.tokens) >= now:
                 return
-            if not buddies[seg_of[base]].take_exact(buddy):
+            start = buddies[seg_of[base]].grow(c.start, c.size, origin=base)
+            if start is None:
                 return
-            c.start, c.size = min(c.start, buddy[0]), 2 * c.size
+            c.start, c.size = start, 2 * c.size
 
     # --- search -------------------------------------------------------------------------
     def to_parent(self, children: Sequence[_OpenChild]) -> Parent:
@@ -207,7 +179,8 @@ class ChildPacker:
 
         def consider(slack: float) -> bool:
             nonlocal best
-            children = self.pack(z0 * (1 + slack), math.floor(m0 * (1 + slack)))
+            mcap = p.cost.max_tokens_per_rank if math.isinf(slack) else math.floor(m0 * (1 + slack))
+            children = self.pack(z0 * (1 + slack), mcap)
             if children is None:
                 return False
             t = self.parent_s(children)

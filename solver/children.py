@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solver.bounds import parent_bound, unrepacked_seconds
+from solver.budget import Budget
 from solver.child_cpsat import ChildModel, slot_count
 from solver.child_packer import ChildPacker
-from solver.deadline import Deadline
 from solver.layout import Layout, LayoutEval, Parent, evaluate, parent_starts, parent_time
 from solver.problem import Problem
 
@@ -43,7 +43,7 @@ def solve_children(
     problem: Problem,
     sizes: Sequence[int],
     members: Sequence[Sequence[int]],
-    deadline: Deadline,
+    budget: Budget,
 ) -> ChildrenSolution:
     """Greedy children for every parent, the one with the largest bound searched hardest."""
     starts = parent_starts(sizes)
@@ -53,7 +53,7 @@ def solve_children(
     step = 0.0
     for j in order:
         packer = ChildPacker(problem, starts[j], sizes[j], members[j])
-        if deadline.expired():
+        if budget.expired():
             solution = packer.solve(target=float("inf"))  # one pack, no search
         else:
             solution = packer.solve(target=step if step > bounds[j] else None)
@@ -63,14 +63,15 @@ def solve_children(
     return ChildrenSolution(layout, evaluate(layout, problem.cost, problem.costs), tuple(bounds))
 
 
-def polish(problem: Problem, solution: ChildrenSolution, deadline: Deadline) -> ChildrenSolution:
+def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> ChildrenSolution:
     """CP-SAT on the critical parent: a better layout, a tighter bound, or both; repeated on
     the next critical parent while the previous one was settled."""
     parents, bounds = list(solution.layout), list(solution.parent_bounds)
     times = list(solution.evaluation.parent_s)
     for _ in range(POLISH_ROUNDS):
         c = max(range(len(parents)), key=lambda j: (times[j], -j))
-        if bounds[c] >= times[c] * (1 - POLISH_MIN_GAP) or deadline.expired():
+        settled = bounds[c] >= times[c] * (1 - POLISH_MIN_GAP)
+        if settled or not budget.use_cpsat or budget.expired():
             break
         p = parents[c]
         if len(p.samples) * slot_count(problem, p.size) > MAX_MODEL_ASSIGNMENTS:
@@ -78,9 +79,9 @@ def polish(problem: Problem, solution: ChildrenSolution, deadline: Deadline) -> 
         model = ChildModel(problem, p.start, p.size, p.samples, incumbent_s=times[c])
         if p.repacked:
             model.hint(p)
-        result = model.solve(deadline.remaining_s())
+        result = model.solve(budget.remaining_s())
         if result.stopped_by_time:
-            deadline.fired = True
+            budget.fired = True
         unrepacked = unrepacked_seconds(problem, p.size, p.samples)
         bounds[c] = max(bounds[c], min(unrepacked, result.lower_bound_s))
         if result.parent is not None:

@@ -13,6 +13,7 @@ deterministic local search (moves and swaps out of the critical parent):
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from solver.problem import Problem
 
 Objective = Literal["tokens", "baseline", "repack"]
 
-LOCAL_SEARCH_EVALS = 6_000
+LOCAL_SEARCH_EVALS = 4_000
 """Deterministic work limit of the local search, in candidate evaluations."""
 
 RECEIVERS = 4
@@ -157,32 +158,37 @@ class _Balancer:
         ld.tokens -= p.tokens[s]
 
     def greedy(self, order: Sequence[int]) -> None:
-        """Each sample, heaviest first, to the parent it makes least costly (LPT)."""
-        costs = [self.cost(j) for j in range(len(self.loads))]
+        """Each sample, heaviest first, to the parent it makes least costly (LPT).
+
+        Parents of one size are interchangeable but for their load, so per size only the least
+        costly parent with room is a candidate: one heap per size keeps that cheap.
+        """
+        heaps: dict[int, list[tuple[float, int]]] = {}
+        for j, ld in enumerate(self.loads):
+            heaps.setdefault(ld.size, []).append((self.cost(j), j))
+        for heap in heaps.values():
+            heapq.heapify(heap)
         for s in order:
-            best_j, best_c = -1, math.inf
-            seen_sizes: dict[tuple[int, float], float] = {}
-            for j in sorted(range(len(self.loads)), key=lambda j: (costs[j], j)):
-                if not self.fits(j, s):
-                    continue
-                # Among parents of one size at one cost, the first is as good as any other.
-                key = (self.loads[j].size, costs[j])
-                if key in seen_sizes:
-                    continue
-                c = self.cost(j, add=s)
-                seen_sizes[key] = c
-                if c < best_c:
-                    best_j, best_c = j, c
-                if len(seen_sizes) >= RECEIVERS and best_j >= 0:
-                    break
-            if best_j < 0:
+            best: tuple[float, int, int] | None = None  # (new cost, parent, size)
+            for size, heap in heaps.items():
+                full: list[tuple[float, int]] = []
+                while heap and not self.fits(heap[0][1], s):
+                    full.append(heapq.heappop(heap))
+                if heap:
+                    c = self.cost(heap[0][1], add=s)
+                    if best is None or (c, heap[0][1]) < best[:2]:
+                        best = (c, heap[0][1], size)
+                for item in full:
+                    heapq.heappush(heap, item)
+            if best is None:
                 raise InfeasibleRequestError(
                     "lengths",
                     f"sample {s} ({self.p.tokens[s]} tokens) fits in no parent's remaining memory; "
                     "give wider parents or fewer tokens",
                 )
-            self.place(best_j, s)
-            costs[best_j] = best_c
+            c, j, size = best
+            heapq.heapreplace(heaps[size], (c, j))
+            self.place(j, s)
 
     def improve(self, budget: int) -> None:
         """Moves and swaps out of the critical parent while one makes it faster."""

@@ -21,7 +21,13 @@ from solver.schema import (
     StoppedBy,
 )
 
-METRIC_DECIMALS = 6
+METRIC_DIGITS = 10
+"""Significant digits kept in metrics: readable JSON, yet exact enough to re-check at any
+scale (a toy cluster's step takes microseconds)."""
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.{METRIC_DIGITS}g}")
 
 
 @dataclass(frozen=True)
@@ -106,17 +112,16 @@ def build_plan(
             )
     step, base = outcome.evaluation.step_s, outcome.baseline.step_s
     lb = min(outcome.lower_bound_s, step)
-    r = METRIC_DECIMALS
     metrics = Metrics(
-        step_time_ms=round(step * 1e3, r),
-        baseline_step_time_ms=round(base * 1e3, r),
-        speedup=round(base / step, r),
-        mfu=round(mfu(cost, model_flops, step), r),
-        baseline_mfu=round(mfu(cost, model_flops, base), r),
-        imbalance=round(outcome.evaluation.imbalance, r),
+        step_time_ms=_round(step * 1e3),
+        baseline_step_time_ms=_round(base * 1e3),
+        speedup=_round(base / step),
+        mfu=_round(mfu(cost, model_flops, step)),
+        baseline_mfu=_round(mfu(cost, model_flops, base)),
+        imbalance=_round(outcome.evaluation.imbalance),
         inter_node_bytes=round(outcome.evaluation.inter_node_bytes),
-        lower_bound_ms=round(lb * 1e3, r),
-        gap=round((step - lb) / step, r),
+        lower_bound_ms=_round(lb * 1e3),
+        gap=_round((step - lb) / step),
         solve_ms=round(solve_ms, 3),
         stopped_by=outcome.stopped_by,
     )

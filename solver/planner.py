@@ -6,7 +6,11 @@ Pipeline (each stage deterministic; the wall-clock deadline is only a safety net
 2. baseline membership: the request's ``parent_of``, or the balanced default;
 3. mode ``repack``: children for that membership, parent by parent, critical parent first;
 4. mode ``repack+parent``: membership re-balanced for repacking, children again; the better of
-   this and step 3 is returned, so the modes are ordered baseline >= repack >= repack+parent.
+   this and step 3 is returned, so the modes are ordered baseline >= repack >= repack+parent;
+5. mode ``repack+sizing``: heterogeneous parent sizes and membership from the parent packer,
+   children again; the better of this and step 4 (so it is never slower than repack+parent);
+6. mode ``sizing``: the parent packer without repacking (FlexSP-style), never slower than the
+   baseline.
 """
 
 from __future__ import annotations
@@ -15,14 +19,15 @@ import time
 from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
+from solver.budget import Budget
 from solver.children import polish, solve_children
-from solver.deadline import Deadline
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, members_from_parent_of
+from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
-from solver.schema import Mode, Plan, PlanRequest, StoppedBy
+from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
 
 DEFAULT_DEADLINE_MS = 1000
 
@@ -30,6 +35,8 @@ UPSTREAM_OBJECTIVE: Objective = "tokens"
 """The default membership (no ``parent_of``) models a data loader that balances tokens per
 rank across parents, as loaders without a cost model do; the baseline is measured on it."""
 GAP_TOLERANCE = 1e-9
+
+SIZING_OBJECTIVES: tuple[Objective, ...] = ("baseline", "repack")
 
 
 @dataclass(frozen=True)
@@ -50,35 +57,32 @@ def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int]
     return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy)
 
 
-def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
-    """Solve one step. ``deadline_ms`` overrides the request's (and the default)."""
+def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: bool = True) -> Plan:
+    """Solve one step. ``deadline_ms`` overrides the request's (and the default);
+    ``use_cpsat=False`` returns the greedy plan (for benchmarks)."""
     t0 = time.perf_counter()
-    budget = deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS
-    deadline = Deadline(budget)
+    budget = Budget(deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS, use_cpsat)
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
     base_layout = baseline_layout(sizes, base_members)
-    base_eval = evaluate(base_layout, problem.cost, problem.costs)
-
-    if mode == "baseline":
-        fixed = request.parent_of is not None
-        lb = base_eval.step_s if fixed else membership_free_bound(problem, sizes, repack=False)
-        best = _Candidate(base_layout, base_eval, lb)
-    else:
-        chosen = solve_children(problem, sizes, base_members, deadline)
-        if mode in ("repack+parent", "repack+sizing") and not deadline.expired():
-            members = balance(problem, sizes, "repack", start=base_members)
-            moved = solve_children(problem, sizes, members, deadline)
-            if moved.evaluation.step_s < chosen.evaluation.step_s:
-                chosen = moved
-        chosen = polish(problem, chosen, deadline)
-        lb = max(chosen.parent_bounds)
-        if mode != "repack":
-            # The membership is a decision here: only a bound over all memberships is true.
-            lb = membership_free_bound(problem, sizes, repack=True)
-        best = _Candidate(chosen.layout, chosen.evaluation, lb)
-    outcome = _outcome(best, base_eval, deadline)
+    base = _Candidate(
+        base_layout,
+        evaluate(base_layout, problem.cost, problem.costs),
+        membership_free_bound(problem, sizes, repack=False),
+    )
+    if request.parent_of is not None:
+        base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
+    best = {
+        "baseline": lambda: base,
+        "sizing": lambda: _sizing(problem, request, base, budget),
+        "repack": lambda: _repack(problem, sizes, base_members, budget),
+        "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
+        "repack+sizing": lambda: _repack_sizing(
+            problem, request, base, sizes, base_members, budget
+        ),
+    }[mode]()
+    outcome = _outcome(best, base.evaluation, budget)
     return build_plan(
         request,
         mode,
@@ -89,11 +93,89 @@ def plan(request: PlanRequest, deadline_ms: float | None = None) -> Plan:
     )
 
 
-def _outcome(best: _Candidate, base: LayoutEval, deadline: Deadline) -> SolveOutcome:
+def _repack(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> _Candidate:
+    """Children for the upstream membership; the bound holds for that membership."""
+    fixed = polish(problem, solve_children(problem, sizes, members, budget), budget)
+    return _Candidate(fixed.layout, fixed.evaluation, max(fixed.parent_bounds))
+
+
+def _repack_parent(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> _Candidate:
+    """Membership re-solved for repacking; kept only if it beats exactly what ``repack``
+    returns, so the modes stay ordered (polishing can only make it better still)."""
+    best = _repack(problem, sizes, members, budget)
+    if not budget.expired():
+        moved_members = balance(problem, sizes, "repack", start=members)
+        moved = solve_children(problem, sizes, moved_members, budget)
+        if moved.evaluation.step_s < best.evaluation.step_s:
+            moved = polish(problem, moved, budget)
+            best = _Candidate(moved.layout, moved.evaluation, best.lower_bound_s)
+    # The membership is a decision here: only a bound over all memberships is true.
+    free = membership_free_bound(problem, sizes, repack=True)
+    return _Candidate(best.layout, best.evaluation, free)
+
+
+def _sized(
+    problem: Problem, request: PlanRequest, objective: Objective, high: float
+) -> SizedMembership | None:
+    allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
+    low = membership_free_bound(problem, allowed, repack=objective == "repack")
+    sized = ParentPacker(problem, allowed, objective).solve(low, high)
+    if sized is None:
+        return None
+    members = balance(problem, sized.sizes, objective, start=sized.members)
+    return SizedMembership(sized.sizes, members, sized.estimate_s)
+
+
+def _sizing(problem: Problem, request: PlanRequest, base: _Candidate, budget: Budget) -> _Candidate:
+    """FlexSP-style: heterogeneous parent sizes and membership, no repacking."""
+    allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
+    bound = membership_free_bound(problem, allowed, repack=False)
+    sized = _sized(problem, request, "baseline", base.evaluation.step_s)
+    if sized is not None and not budget.expired():
+        layout = baseline_layout(sized.sizes, sized.members)
+        evaluation = evaluate(layout, problem.cost, problem.costs)
+        if evaluation.step_s < base.evaluation.step_s:
+            return _Candidate(layout, evaluation, bound)
+    return _Candidate(base.layout, base.evaluation, bound)
+
+
+def _repack_sizing(
+    problem: Problem,
+    request: PlanRequest,
+    base: _Candidate,
+    sizes: list[int],
+    members: list[list[int]],
+    budget: Budget,
+) -> _Candidate:
+    """Sizes, membership and children together; never slower than ``repack+parent``."""
+    best = _repack_parent(problem, sizes, members, budget)
+    allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
+    bound = membership_free_bound(problem, allowed, repack=True)
+    # Both estimates size parents: the exact unrepacked one (so the result is never slower
+    # than `sizing`) and the optimistic repacked one (which dares narrower parents).
+    for objective in SIZING_OBJECTIVES:
+        if budget.expired():
+            break
+        # Same search range as mode `sizing`, so its membership is among the candidates.
+        sized = _sized(problem, request, objective, base.evaluation.step_s)
+        if sized is None:
+            continue
+        found = solve_children(problem, sized.sizes, sized.members, budget)
+        if found.evaluation.step_s < best.evaluation.step_s:
+            found = polish(problem, found, budget)
+            best = _Candidate(found.layout, found.evaluation, bound)
+    return _Candidate(best.layout, best.evaluation, bound)
+
+
+def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:
     step = best.evaluation.step_s
     lb = min(best.lower_bound_s, step)
     proven = step - lb <= GAP_TOLERANCE * step
-    stopped: StoppedBy = "optimal" if proven else ("deadline" if deadline.fired else "work_limit")
+    stopped: StoppedBy = "optimal" if proven else ("deadline" if budget.fired else "work_limit")
     return SolveOutcome(
         layout=best.layout,
         evaluation=best.evaluation,

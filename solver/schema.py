@@ -28,7 +28,9 @@ MAX_SAMPLES = 1_000_000
 CHILD_SIZES = (1, 2, 4, 8)
 """Sizes a node-local child may have (design section 3, rule 2)."""
 
-Mode = Literal["baseline", "repack", "repack+parent", "repack+sizing"]
+Mode = Literal["baseline", "sizing", "repack", "repack+parent", "repack+sizing"]
+"""``sizing`` (an addition to v1) is heterogeneous parent sizes without repacking, the
+FlexSP-style comparison point for ``repack+sizing``."""
 Status = Literal["optimal", "feasible"]
 StoppedBy = Literal["optimal", "deadline", "work_limit", "greedy"]
 
@@ -43,8 +45,8 @@ def _merge_profile(data: Any, profiles: dict[str, dict[str, Any]], kind: str) ->
     """Expand ``"name"`` or ``{"profile": "name", ...overrides}`` into explicit fields."""
     if isinstance(data, str):
         data = {"profile": data}
-    if not isinstance(data, dict) or "profile" not in data:
-        return data
+    if not isinstance(data, dict) or data.get("profile") is None:
+        return data  # no profile named: plain fields (a dumped model carries profile=None)
     name = data["profile"]
     if not isinstance(name, str) or name not in profiles:
         known = ", ".join(sorted(profiles))
@@ -159,12 +161,14 @@ def parent_size_error(size: int, start: int, cluster: ClusterSpec, model: ModelS
     return None
 
 
-def allowed_parent_sizes(cluster: ClusterSpec, model: ModelSpec) -> list[int]:
-    """Power-of-two sizes a uniform parent tiling of the cluster may use, ascending."""
+def allowed_parent_sizes(cluster: ClusterSpec, model: ModelSpec, uniform: bool = True) -> list[int]:
+    """Power-of-two parent sizes allowed by the model, ascending; with ``uniform``, only those
+    that tile the cluster on their own."""
     sizes = []
     size = 1
     while size <= cluster.world_size:
-        if cluster.world_size % size == 0 and parent_size_error(size, 0, cluster, model) is None:
+        tiles = cluster.world_size % size == 0 or not uniform
+        if tiles and parent_size_error(size, 0, cluster, model) is None:
             sizes.append(size)
         size *= 2
     return sizes
@@ -188,7 +192,9 @@ class PlanRequest(BaseModel):
     parent_of: list[StrictInt] | None = Field(
         None, description="Upstream parent index of each sample (needs parent_sizes)."
     )
-    mode: Mode | None = Field(None, description="Default: repack+parent.")
+    mode: Mode | None = Field(
+        None, description="Default: repack+sizing without parent_sizes, else repack+parent."
+    )
     deadline_ms: StrictInt | None = Field(
         None, gt=0, le=600_000, description="Wall-clock budget; default from the caller."
     )
@@ -284,7 +290,9 @@ class PlanRequest(BaseModel):
 
     @property
     def resolved_mode(self) -> Mode:
-        return self.mode if self.mode is not None else "repack+parent"
+        if self.mode is not None:
+            return self.mode
+        return "repack+sizing" if self.parent_sizes is None else "repack+parent"
 
 
 class ParentOut(BaseModel):

@@ -1,0 +1,182 @@
+"""Heterogeneous parent sizes, chosen together with membership (modes sizing, repack+sizing).
+
+The same idea as the child packer, one level up: for a target step time ``T`` the samples are
+placed longest first, each into the least loaded open parent that stays under ``T``, else into
+a new parent of the smallest size that holds it under ``T`` (a long sample gets a wide parent,
+short ones share narrow, node-local ones). Parent ranks come from a buddy allocator over the
+cluster, so every parent is aligned. Parents whose buddy block stayed free are doubled while
+that shortens them; blocks still free become empty parents for the rebalancing that follows.
+A bisection on ``T`` finds the tightest packing. Per-parent times are the membership
+objectives' estimates (``membership.make_cost_fn``): exact for unrepacked parents, a lower
+bound for repacked ones; the planner then solves children for the sizes found.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from solver.buddy import Buddy
+from solver.membership import Objective, make_cost_fn, single_sample_bound
+from solver.problem import Problem
+
+BISECTION_STEPS = 9
+MAX_GROWTHS = 12
+
+
+@dataclass
+class _OpenParent:
+    start: int
+    size: int
+    full_s: float = 0.0
+    sparse_s: float = 0.0
+    tokens: int = 0
+    single: float = 0.0
+    members: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SizedMembership:
+    sizes: list[int]
+    """Parent sizes in rank order (aligned, tiling the cluster)."""
+    members: list[list[int]]
+    estimate_s: float
+    """The objective's estimate of the step time for this membership."""
+
+
+class ParentPacker:
+    def __init__(self, problem: Problem, allowed: list[int], objective: Objective) -> None:
+        self.p = problem
+        self.allowed = sorted(allowed)
+        self.cost_fn = make_cost_fn(problem, objective)
+        self.repack = objective == "repack"
+        self.order = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
+        self._single: dict[tuple[int, int], float] = {}
+
+    def single(self, s: int, size: int) -> float:
+        if not self.repack:
+            return 0.0
+        key = (s, size)
+        if key not in self._single:
+            self._single[key] = single_sample_bound(self.p, s, size)
+        return self._single[key]
+
+    def cost(self, par: _OpenParent, s: int | None = None) -> float:
+        p = self.p
+        if s is None:
+            return self.cost_fn(par.size, par.full_s, par.sparse_s, par.tokens, par.single)
+        return self.cost_fn(
+            par.size,
+            par.full_s + p.full_s[s],
+            par.sparse_s + p.sparse_s[s],
+            par.tokens + p.tokens[s],
+            max(par.single, self.single(s, par.size)),
+        )
+
+    def add(self, par: _OpenParent, s: int) -> None:
+        p = self.p
+        par.full_s += p.full_s[s]
+        par.sparse_s += p.sparse_s[s]
+        par.tokens += p.tokens[s]
+        par.single = max(par.single, self.single(s, par.size))
+        par.members.append(s)
+
+    def pack(self, target: float) -> list[_OpenParent] | None:
+        """Parents holding every sample under ``target`` seconds, or None if ranks run out."""
+        p = self.p
+        buddy = Buddy(0, p.cost.world_size)
+        parents: list[_OpenParent] = []
+        heap: list[tuple[float, int]] = []  # (cost, index) of open parents, least loaded first
+        for s in self.order:
+            placed = False
+            if heap:
+                _, j = heap[0]
+                par = parents[j]
+                if par.tokens + p.tokens[s] <= p.capacity(par.size):
+                    new = self.cost(par, s)
+                    if new <= target:
+                        self.add(par, s)
+                        heapq.heapreplace(heap, (new, j))
+                        placed = True
+            if placed:
+                continue
+            opened = self._open(buddy, s, target)
+            if opened is None:
+                return None
+            self.add(opened, s)
+            parents.append(opened)
+            heapq.heappush(heap, (self.cost(opened), len(parents) - 1))
+        self._grow(buddy, parents)
+        return parents + [_OpenParent(start, size) for start, size in self._allowed_blocks(buddy)]
+
+    def _allowed_blocks(self, buddy: Buddy) -> list[tuple[int, int]]:
+        """Free blocks split in halves until each is an allowed parent size (1 always is)."""
+        allowed, out = set(self.allowed), []
+        todo = list(buddy.free)
+        while todo:
+            start, size = todo.pop()
+            if size in allowed:
+                out.append((start, size))
+            else:
+                todo += [(start, size // 2), (start + size // 2, size // 2)]
+        return out
+
+    def _open(self, buddy: Buddy, s: int, target: float) -> _OpenParent | None:
+        for size in self.allowed:
+            if self.p.tokens[s] > self.p.capacity(size) or buddy.smallest_fit(size) is None:
+                continue
+            if self.cost(_OpenParent(0, size), s) <= target:
+                start = buddy.take(size)
+                assert start is not None
+                return _OpenParent(start, size)
+        return None
+
+    def _grow(self, buddy: Buddy, parents: list[_OpenParent]) -> None:
+        """Double the slowest parent into its free buddy block while that shortens it."""
+        allowed = set(self.allowed)
+        while parents:
+            par = max(parents, key=lambda q: (self.cost(q), -q.start))
+            if 2 * par.size not in allowed:
+                return
+            wider = _OpenParent(par.start, 2 * par.size)
+            for s in par.members:
+                self.add(wider, s)
+            if self.cost(wider) >= self.cost(par):
+                return
+            start = buddy.grow(par.start, par.size, origin=0)
+            if start is None:
+                return
+            wider.start = start
+            parents[parents.index(par)] = wider
+
+    def solve(self, low: float, high: float) -> SizedMembership | None:
+        """Tightest packing found by bisection on the target between ``low`` and ``high``."""
+        best: list[_OpenParent] | None = None
+        best_t = math.inf
+
+        def consider(target: float) -> bool:
+            nonlocal best, best_t
+            parents = self.pack(target)
+            if parents is None:
+                return False
+            t = max(self.cost(q) for q in parents)
+            if t < best_t:
+                best, best_t = parents, t
+            return True
+
+        if not consider(high):
+            return None
+        for _ in range(BISECTION_STEPS):
+            mid = (low + high) / 2
+            if consider(mid):
+                high = mid
+            else:
+                low = mid
+        assert best is not None
+        ordered = sorted(best, key=lambda q: q.start)
+        return SizedMembership(
+            sizes=[q.size for q in ordered],
+            members=[sorted(q.members) for q in ordered],
+            estimate_s=best_t,
+        )

@@ -1,0 +1,108 @@
+"""The cost model against numbers worked out by hand (design section 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solver.cost_model import (
+    CostModel,
+    SampleCosts,
+    child_layer_seconds,
+    mfu,
+    parent_seconds,
+    unrepacked_parent_seconds,
+)
+from solver.planner import plan
+from solver.schema import ClusterSpec, ModelSpec
+from solver.validate import validate_plan
+from tests.helpers import example_plan, example_request
+
+# A toy machine where every term is easy to do on paper: 2 nodes x 2 GPUs, 1 and 0.5 GB/s,
+# 1 TFLOP/s at 50% (5e11 FLOP/s achieved); 4 layers "FS" (2 full, 2 sparse), 2 heads,
+# 1 KV head, head_dim 4, hidden 8, window 10, 100 active MoE parameters, 2-byte dtype.
+TOY_CLUSTER = ClusterSpec(
+    nodes=2,
+    gpus_per_node=2,
+    intra_node_gbps=1.0,
+    inter_node_gbps=0.5,
+    peak_tflops=1.0,
+    compute_efficiency=0.5,
+    max_tokens_per_rank=1000,
+)
+TOY_MODEL = ModelSpec(
+    layers=4,
+    pattern="FS",
+    hidden=8,
+    heads=2,
+    kv_heads=1,
+    head_dim=4,
+    sparse_window=10,
+    moe_active_params=100,
+    dtype_bytes=2,
+)
+
+
+@pytest.fixture
+def toy() -> CostModel:
+    return CostModel.from_specs(TOY_CLUSTER, TOY_MODEL)
+
+
+def test_flops_terms(toy: CostModel) -> None:
+    length = np.array([20.0, 5.0])
+    # full: 6 * L^2 * heads * head_dim = 6 * 400 * 8 = 19200; 6 * 25 * 8 = 1200
+    assert toy.full_attention_flops(length).tolist() == [19200.0, 1200.0]
+    # sparse, L >= w: 12 * 8 * (10 * 20 - 100 / 2) = 14400; L < w falls back to full: 1200
+    assert toy.sparse_attention_flops(length).tolist() == [14400.0, 1200.0]
+    # projections 8 * (2 + 2) * 4 + 2 * 4 * 8 = 192 params, + 100 MoE, x 6 = 1752 per token
+    assert toy.linear_flops_per_token == 1752.0
+    assert toy.linear_seconds_per_token == pytest.approx(1752 / 5e11)
+
+
+def test_all_to_all_terms(toy: CostModel) -> None:
+    # group of 4 over 2 nodes: (2*2 + 2*max(1, 4)) heads * 4 dims * 2 bytes * 2 passes = 192 B
+    assert toy.a2a_bytes_per_token(4) == 192
+    # half goes off-node at 0.5 GB/s: 96 / 0.5e9; a quarter stays on-node at 1 GB/s: 48 / 1e9
+    assert toy.a2a_seconds_per_token(4) == pytest.approx(1.92e-7)
+    # group of 2 on one node: (4 + 4) * 16 = 128 B, half to the peer at 1 GB/s
+    assert toy.a2a_bytes_per_token(2) == 128
+    assert toy.a2a_seconds_per_token(2) == pytest.approx(6.4e-8)
+    assert toy.a2a_seconds_per_token(1) == 0.0
+
+
+def test_parent_and_child_times(toy: CostModel) -> None:
+    costs = SampleCosts.build(toy, [20, 5])
+    full_s, sparse_s = float(costs.full_s.sum()), float(costs.sparse_s.sum())
+    # unrepacked parent of 4: busiest rank owns ceil(25 / 4) = 7 tokens;
+    # full layer: 20400 / 4 / 5e11 + 7 * (3.504e-9 + 1.92e-7) = 1.378728e-6 s
+    # sparse layer: 15600 / 4 / 5e11 + 7 * (3.504e-9 + 1.92e-7) = 1.376328e-6 s
+    expected = 2 * 1.378728e-6 + 2 * 1.376328e-6
+    got = unrepacked_parent_seconds(toy, 4, full_s, sparse_s, 25)
+    assert got == pytest.approx(expected, rel=1e-12)
+    # child of 1 holding the short sample: 1200 / 5e11 + 5 * 3.504e-9, no all-to-all
+    assert child_layer_seconds(toy, 1, 1200 / 5e11, 5) == pytest.approx(2.4e-9 + 1.752e-8)
+    assert child_layer_seconds(toy, 2, 0.0, 0) == 0.0
+    # repacked: the long sample in a child of 2 (node 0), the short one in a child of 1
+    t = parent_seconds(toy, 4, full_s, [(2, 14400 / 5e11, 20), (1, 1200 / 5e11, 5)])
+    full = 20400 / 4 / 5e11 + 10 * (3.504e-9 + 1.92e-7)
+    sparse = 14400 / 2 / 5e11 + 10 * (3.504e-9 + 6.4e-8)
+    assert t == pytest.approx(2 * full + 2 * sparse, rel=1e-12)
+
+
+def test_mfu(toy: CostModel) -> None:
+    costs = SampleCosts.build(toy, [20, 5])
+    # 2 full layers x 20400 + 2 sparse x 15600 + 4 layers x 25 tokens x 1752 = 247200 FLOPs
+    assert costs.model_flops == 247200.0
+    assert mfu(toy, costs.model_flops, 1e-6) == pytest.approx(247200 / (1e-6 * 4 * 1e12))
+
+
+def test_contract_example_metrics_are_reproduced() -> None:
+    """The shared example's metrics come from this cost model with the default profile."""
+    req, example = example_request(), example_plan()
+    assert validate_plan(req, example) == []
+    repacked = plan(req)
+    assert repacked.metrics.baseline_step_time_ms == pytest.approx(3498.056, abs=1e-3)
+    assert repacked.metrics.step_time_ms <= example.metrics.step_time_ms + 1e-3
+    baseline = plan(req.model_copy(update={"mode": "baseline"}))
+    assert baseline.metrics.step_time_ms == pytest.approx(3498.056, abs=1e-3)
+    assert baseline.metrics.mfu == pytest.approx(example.metrics.baseline_mfu, abs=1e-4)
