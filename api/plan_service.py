@@ -1,16 +1,16 @@
 """Idempotent planning: one plan per key, solved once, stored once, replayed byte for byte.
 
 The key is the plan id the solver derives: ``{job_id}-{step}`` when both are given, else
-``{mode}-{digest}`` of the request. The request digest (SHA-256 of the validated request
-without ``deadline_ms``) decides whether a second request for a key is a replay (same digest)
-or a conflict (409). ``deadline_ms`` is left out on purpose: ranks of one job may wait with
-different budgets, and they must still get the same plan.
+``{mode}-{digest}`` of the request. The request digest (the solver's ``request_digest``:
+SHA-256 of the validated request without ``deadline_ms``, first 16 hex digits) decides whether
+a second request for a key is a replay (same digest) or a conflict (409). ``deadline_ms`` is
+left out on purpose: ranks of one job may wait with different budgets, and they must still get
+the same plan.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
@@ -24,16 +24,10 @@ from api.problems import ProblemError
 from api.solver_pool import Rejected, Saturated, Solved, SolverPool
 from api.storage import PlanStore, StoredPlan
 from solver.errors import PlanningError
-from solver.plan_builder import plan_id_for
+from solver.plan_builder import plan_id_for, request_digest
 from solver.schema import PlanRequest
 
 Source = Literal["solved", "inflight", "memory", "database"]
-
-
-def request_digest(request: PlanRequest) -> str:
-    """SHA-256 of the validated request without ``deadline_ms`` (the idempotency check)."""
-    body = request.model_dump_json(exclude={"deadline_ms"})
-    return hashlib.sha256(body.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from solver.plan_builder import canonical_json
+from solver.plan_builder import canonical_json, plan_id_for
 from solver.planner import plan
 from solver.schema import Plan, PlanRequest
 from tests.api.conftest import ServerFactory, small_request
@@ -57,8 +57,10 @@ def test_anonymous_requests_get_a_content_addressed_plan(client: httpx.Client) -
     second = client.post("/v1/plans", json=body)
     assert first.status_code == second.status_code == 200
     assert first.content == second.content
+    assert second.headers["x-repack-plan-source"] == "memory"
     plan_id = first.json()["plan_id"]
-    assert plan_id.startswith("repack+parent-")
+    request = PlanRequest.model_validate(body)
+    assert plan_id == plan_id_for(request, request.resolved_mode)
     assert client.get(f"/v1/plans/{plan_id}").content == first.content
 
 
