@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs (default 8 = 64 GPUs)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--deadline-ms", type=int, default=None, help="deadline_ms of every step")
+    p.add_argument("--queue-limit", type=int, default=None, help="REPACK_QUEUE_LIMIT of the server")
     p.set_defaults(run=run)
 
 
@@ -182,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     rule = "|---|---|---|---|---|---|---|---|"
     solve_rows, replay_rows = [header, rule], [header, rule]
     overhead: list[str] = []
-    with served() as server:
+    env = {} if args.queue_limit is None else {"REPACK_QUEUE_LIMIT": str(args.queue_limit)}
+    with served(env) as server:
         for c in args.concurrency:
             bodies = synthetic_requests(
                 f"bench-c{c}", args.requests, nodes=args.nodes, seed=args.seed + c
@@ -197,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
             replays = (stored * (args.replays // max(1, len(stored)) + 1))[: args.replays]
             replay_rows.append(_measure(server, replays, c)[1])
     deadline = f"deadline_ms {args.deadline_ms}" if args.deadline_ms else "default deadline"
-    print(f"New {args.nodes * 8}-GPU steps (each a fresh solve, {deadline}):")
+    queue = "default queue limit" if args.queue_limit is None else f"queue limit {args.queue_limit}"
+    print(f"New {args.nodes * 8}-GPU steps (each a fresh solve, {deadline}, {queue}):")
     print("\n".join(solve_rows))
     print("\nIdempotent replays of stored steps:")
     print("\n".join(replay_rows))
