@@ -129,7 +129,7 @@ class PlanService:
             raise ProblemError(
                 429,
                 "saturated",
-                "the solver queue is full; retry later",
+                f"{exc.reason}; retry later",
                 headers={"Retry-After": str(exc.retry_after_s)},
             ) from exc
         self.metrics.queue.set(self.pool.pending)

@@ -24,6 +24,8 @@ from solver.plan_builder import canonical_json
 from solver.planner import plan
 from solver.schema import PlanRequest
 
+INITIAL_MEAN_S = 0.05
+"""Assumed solve time (and admission-to-answer time) until the first solves are measured."""
 WARMUP_REQUEST = PlanRequest(cluster={"nodes": 1}, lengths=[1024, 512])
 """A tiny step every worker solves at start, so the first real request finds it warm."""
 
@@ -37,6 +39,8 @@ class Solved:
     """A worker's answer: what is stored for the key now, and the quality of the plan made."""
 
     stored: StoredPlan
+    worker_s: float
+    """Seconds the worker spent on this request (solve and store)."""
     fresh: bool
     """True when this solve's plan is the stored one (False: another writer was first)."""
     mode: str
@@ -56,10 +60,11 @@ class Rejected:
 
 
 class Saturated(Exception):
-    """The queue is full; ``retry_after_s`` estimates when a slot frees up."""
+    """The request cannot be solved now (``reason``); ``retry_after_s`` says when to retry."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"solver queue full, retry after {retry_after_s} s")
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
         self.retry_after_s = retry_after_s
 
 
@@ -93,7 +98,8 @@ def solve_and_store(
     Linux, so the time the request spent queued counts against its budget. The insert is
     first-writer-wins, so the answer is whatever the key holds afterwards.
     """
-    budget_ms = max(min_budget_ms, (deadline_at - time.monotonic()) * 1e3 - margin_ms)
+    start = time.monotonic()
+    budget_ms = max(min_budget_ms, (deadline_at - start) * 1e3 - margin_ms)
     try:
         result = plan(request, deadline_ms=budget_ms)
     except PlanningError as exc:
@@ -104,6 +110,7 @@ def solve_and_store(
     m = result.metrics
     return Solved(
         stored=stored,
+        worker_s=time.monotonic() - start,
         fresh=stored.body == body.encode(),
         mode=result.mode,
         status=result.status,
@@ -135,7 +142,8 @@ class SolverPool:
         self.database_url = database_url
         self.pending = 0
         self.healthy = False
-        self._mean_latency_s = 0.05
+        self._mean_latency_s = INITIAL_MEAN_S
+        self._mean_service_s = INITIAL_MEAN_S
         self._ctx = ctx
         self._executor = self._new_executor()
 
@@ -162,16 +170,27 @@ class SolverPool:
         """
         return max(self.retry_after_s, math.ceil(self._mean_latency_s))
 
+    def expected_wait_s(self) -> float:
+        """How long a solve submitted now would wait for a worker (0 when one is free)."""
+        ahead = self.pending - self.workers + 1
+        return max(0, ahead) * self._mean_service_s / self.workers
+
     def submit(
         self, request: PlanRequest, digest: str, deadline_at: float
     ) -> asyncio.Future[Solved | Rejected]:
-        """Queue a solve (stored by the worker), or raise ``Saturated`` when the queue is full.
+        """Queue a solve (stored by the worker), or raise ``Saturated`` when the queue is full
+        or the expected wait for a worker would already use up the request's deadline (a fast
+        429 lets the client fall back at once instead of getting a late plan).
 
         Synchronous on purpose: admission and the slot it takes happen without yielding to the
         event loop, so a burst cannot over-admit.
         """
         if self.pending >= self.capacity:
-            raise Saturated(self.retry_after())
+            raise Saturated("the solver queue is full", self.retry_after())
+        wait_s = self.expected_wait_s()
+        if wait_s > 0 and time.monotonic() + wait_s > deadline_at - self.margin_ms / 1e3:
+            # A free worker always takes the request, however small its deadline.
+            raise Saturated("no solver could start before the deadline", self.retry_after())
         self.pending += 1
         start = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(
@@ -186,8 +205,13 @@ class SolverPool:
 
         def _release(done: asyncio.Future[Solved | Rejected]) -> None:
             self.pending -= 1
-            if not done.cancelled() and isinstance(done.exception(), BrokenProcessPool):
-                self._replace_broken()
+            if done.cancelled():
+                pass
+            elif (error := done.exception()) is not None:
+                if isinstance(error, BrokenProcessPool):
+                    self._replace_broken()
+            elif isinstance(solved := done.result(), Solved):
+                self._mean_service_s = 0.9 * self._mean_service_s + 0.1 * solved.worker_s
             # A running mean of admission-to-answer time sizes Retry-After.
             self._mean_latency_s = 0.9 * self._mean_latency_s + 0.1 * (time.perf_counter() - start)
 

@@ -14,8 +14,12 @@ import pytest
 from api.server import ServerThread
 from tests.api.conftest import ServerFactory, metric_value
 
-SLOW_STEP: dict[str, Any] = {"cluster": {"nodes": 32}, "lengths": [1000] * 500}
-"""256 GPUs, 500 samples: a solve of a few hundred milliseconds on this machine."""
+LONG_STEP: dict[str, Any] = {
+    "cluster": {"nodes": 256},
+    "lengths": [1000] * 4000,
+    "deadline_ms": 10_000,
+}
+"""2048 GPUs, 4000 samples: ~0.8 s of solving, long enough to act while it runs."""
 
 
 def post_all(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
@@ -42,7 +46,7 @@ def sqlite_url(tmp_path: Any) -> str:
 
 def test_identical_concurrent_requests_solve_once(db_url: str, start_server: ServerFactory) -> None:
     server = start_server(db_url)
-    body = {**SLOW_STEP, "job_id": "flight", "step": 1}
+    body = {**LONG_STEP, "job_id": "flight", "step": 1}
     responses = post_all(server.url, [body] * 8)
     assert {r.status_code for r in responses} == {200}
     assert len({r.content for r in responses}) == 1
@@ -58,7 +62,7 @@ def test_full_queue_answers_429_with_retry_after(
     sqlite_url: str, start_server: ServerFactory
 ) -> None:
     server = start_server(sqlite_url, solver_workers=1, queue_limit=1)
-    bodies = [{**SLOW_STEP, "job_id": "busy", "step": i} for i in range(6)]
+    bodies = [{**LONG_STEP, "job_id": "busy", "step": i} for i in range(6)]
     responses = post_all(server.url, bodies)
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 429}
@@ -78,7 +82,7 @@ def test_full_queue_answers_429_with_retry_after(
 
 def test_event_loop_answers_while_solving(sqlite_url: str, start_server: ServerFactory) -> None:
     server = start_server(sqlite_url, solver_workers=1)
-    body = {"cluster": {"nodes": 64}, "lengths": [1000] * 1000, "job_id": "loop", "step": 0}
+    body = {**LONG_STEP, "job_id": "loop", "step": 0}
     result: list[httpx.Response] = []
     poster = threading.Thread(
         target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
@@ -102,7 +106,7 @@ def test_a_killed_worker_gives_503_and_the_pool_recovers(
 ) -> None:
     server = start_server(sqlite_url, solver_workers=1)
     pool = server.server.config.app.state.service.pool
-    body = {"cluster": {"nodes": 64}, "lengths": [1000] * 1000, "job_id": "crash", "step": 0}
+    body = {**LONG_STEP, "job_id": "crash", "step": 0}
     result: list[httpx.Response] = []
     poster = threading.Thread(
         target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
@@ -120,3 +124,31 @@ def test_a_killed_worker_gives_503_and_the_pool_recovers(
     again = httpx.post(f"{server.url}/v1/plans", json={**body, "lengths": [1000] * 10}, timeout=120)
     assert again.status_code == 200
     assert again.headers["x-repack-plan-source"] == "solved"
+
+
+def test_a_request_that_cannot_start_in_time_gets_429_at_once(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    body = {**LONG_STEP, "job_id": "wait", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    small = {"cluster": {"nodes": 1}, "lengths": [100, 200]}
+    hopeless = httpx.post(f"{server.url}/v1/plans", json={**small, "deadline_ms": 1}, timeout=60)
+    still_solving = poster.is_alive()
+    patient = httpx.post(
+        f"{server.url}/v1/plans", json={**small, "deadline_ms": 60_000}, timeout=60
+    )
+    poster.join()
+    assert still_solving
+    assert hopeless.status_code == 429
+    assert "deadline" in hopeless.json()["detail"]
+    assert int(hopeless.headers["retry-after"]) >= 1
+    assert patient.status_code == 200
+    assert result[0].status_code == 200
