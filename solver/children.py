@@ -23,7 +23,7 @@ MAX_MODEL_ASSIGNMENTS = 2_500
 """CP-SAT is skipped for a parent with more sample-to-slot pairs than this: building the model
 in Python alone would cost more than the latency budget of a 64-GPU step."""
 
-POLISH_ROUNDS = 2
+POLISH_ROUNDS = 1
 """At most this many CP-SAT solves per request."""
 
 POLISH_MIN_GAP = 0.005

@@ -21,7 +21,7 @@ from solver.buddy import Buddy
 from solver.membership import Objective, make_cost_fn, single_sample_bound
 from solver.problem import Problem
 
-BISECTION_STEPS = 9
+BISECTION_STEPS = 6
 MAX_GROWTHS = 12
 
 

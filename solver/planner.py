@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
 from solver.budget import Budget
-from solver.children import polish, solve_children
+from solver.children import ChildrenSolution, polish, solve_children
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, members_from_parent_of
 from solver.parent_packer import ParentPacker, SizedMembership
@@ -104,17 +104,25 @@ def _repack(
 def _repack_parent(
     problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
 ) -> _Candidate:
-    """Membership re-solved for repacking; kept only if it beats exactly what ``repack``
-    returns, so the modes stay ordered (polishing can only make it better still)."""
-    best = _repack(problem, sizes, members, budget)
-    if not budget.expired():
-        moved_members = balance(problem, sizes, "repack", start=members)
-        moved = solve_children(problem, sizes, moved_members, budget)
-        if moved.evaluation.step_s < best.evaluation.step_s:
-            moved = polish(problem, moved, budget)
-            best = _Candidate(moved.layout, moved.evaluation, best.lower_bound_s)
-    # The membership is a decision here: only a bound over all memberships is true.
-    free = membership_free_bound(problem, sizes, repack=True)
+    """Membership re-solved for repacking, never slower than what ``repack`` returns.
+
+    CP-SAT runs once where it can: a re-balanced membership whose greedy layout already beats
+    the upstream membership's lower bound beats mode ``repack`` whatever CP-SAT would find
+    there, so only the winner is polished. Otherwise ``repack``'s exact result is computed and
+    the re-balanced layout must beat it.
+    """
+    fixed = solve_children(problem, sizes, members, budget)
+    free = membership_free_bound(problem, sizes, repack=True)  # true for any membership
+    if budget.expired():
+        return _Candidate(fixed.layout, fixed.evaluation, free)
+    moved_members = balance(problem, sizes, "repack", start=members)
+    moved = solve_children(problem, sizes, moved_members, budget)
+    if moved.evaluation.step_s <= max(fixed.parent_bounds):
+        moved = polish(problem, moved, budget)
+        return _Candidate(moved.layout, moved.evaluation, free)
+    best = polish(problem, fixed, budget)
+    if moved.evaluation.step_s < best.evaluation.step_s:
+        best = polish(problem, moved, budget)
     return _Candidate(best.layout, best.evaluation, free)
 
 
@@ -151,23 +159,31 @@ def _repack_sizing(
     members: list[list[int]],
     budget: Budget,
 ) -> _Candidate:
-    """Sizes, membership and children together; never slower than ``repack+parent``."""
-    best = _repack_parent(problem, sizes, members, budget)
+    """Sizes, membership and children together; never slower than ``repack+parent`` nor
+    than ``sizing``. As in ``_repack_parent``, mode ``repack+parent`` is only solved when the
+    sized layouts do not already beat its lower bound."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=True)
-    # Both estimates size parents: the exact unrepacked one (so the result is never slower
-    # than `sizing`) and the optimistic repacked one (which dares narrower parents).
+    found: ChildrenSolution | None = None
+    # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
+    # same search range, and children can only speed it up) and the optimistic repacked one.
     for objective in SIZING_OBJECTIVES:
         if budget.expired():
             break
-        # Same search range as mode `sizing`, so its membership is among the candidates.
         sized = _sized(problem, request, objective, base.evaluation.step_s)
         if sized is None:
             continue
-        found = solve_children(problem, sized.sizes, sized.members, budget)
-        if found.evaluation.step_s < best.evaluation.step_s:
-            found = polish(problem, found, budget)
-            best = _Candidate(found.layout, found.evaluation, bound)
+        candidate = solve_children(problem, sized.sizes, sized.members, budget)
+        if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
+            found = candidate
+    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+    if found is not None and found.evaluation.step_s <= uniform_bound:
+        found = polish(problem, found, budget)
+        return _Candidate(found.layout, found.evaluation, bound)
+    best = _repack_parent(problem, sizes, members, budget)
+    if found is not None and found.evaluation.step_s < best.evaluation.step_s:
+        found = polish(problem, found, budget)
+        return _Candidate(found.layout, found.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
 

@@ -80,7 +80,7 @@ def test_unrepackable_parent_stays_whole() -> None:
 
 
 def test_derived_parent_sizes_follow_the_memory_rule() -> None:
-    p = plan(request(lengths=[70_000] + [1_000] * 50))
+    p = plan(request(lengths=[70_000] + [1_000] * 50, mode="repack+parent"))
     sizes = {pp.ranks[1] - pp.ranks[0] for pp in p.parents}
     assert len(sizes) == 1 and min(sizes) * 32768 >= 70_000
 
