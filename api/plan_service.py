@@ -135,9 +135,16 @@ class PlanService:
         self.metrics.queue.set(self.pool.pending)
         task = asyncio.create_task(self._finish(solving))
         self._inflight[plan_id] = task
-        task.add_done_callback(lambda _t: self._inflight.pop(plan_id, None))
+        task.add_done_callback(lambda done: self._forget(plan_id, done))
         stored = await asyncio.shield(task)
         return PlanAnswer(self._check(stored, digest).body, "solved")
+
+    def _forget(self, plan_id: str, done: asyncio.Task[StoredPlan]) -> None:
+        """Drop a finished solve from the in-flight map. Its exception, if any, is marked as
+        retrieved here: every waiter got it, and one whose client left must not log it again."""
+        self._inflight.pop(plan_id, None)
+        if not done.cancelled():
+            done.exception()
 
     async def _finish(self, solving: asyncio.Future[Solved | Rejected]) -> StoredPlan:
         """Await the worker (which stored the plan) and publish the result."""
