@@ -26,7 +26,7 @@ from solver.problem import Problem
 TIME_UNIT_S = 1e-9
 """Integer time unit of the model: 1 ns keeps rounding far below any decision's effect."""
 
-DETERMINISTIC_SECONDS = 0.02
+DETERMINISTIC_SECONDS = 0.015
 """CP-SAT's deterministic work limit per parent (machine-independent, so results repeat)."""
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from solver.cost_model import ceil_div, child_layer_seconds
+from solver.cost_model import ceil_div
 from solver.errors import InfeasibleRequestError
 from solver.problem import Problem
 
@@ -55,15 +55,9 @@ CostFn = Callable[[int, float, float, int, float], float]
 
 
 def single_sample_bound(problem: Problem, sample: int, size: int) -> float:
-    """Least sparse-layer time of ``sample`` alone in a node-local child of a parent of ``size``;
-    ``inf`` when no child can hold it (the parent must then stay unrepacked)."""
-    cost = problem.cost
-    length, sparse = problem.tokens[sample], problem.sparse_s[sample]
-    best = math.inf
-    for k in problem.child_sizes:
-        if k <= size and length <= problem.capacity(k):
-            best = min(best, child_layer_seconds(cost, k, sparse, length))
-    return best
+    """Least sparse-layer time of ``sample`` alone in a node-local child of a parent of
+    ``size``; ``inf`` when no child can hold it (the parent must then stay unrepacked)."""
+    return problem.single_bounds(size)[sample]
 
 
 def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
@@ -104,14 +98,10 @@ class _Balancer:
         self.loads = [ParentLoad(size=s, capacity=problem.capacity(s)) for s in sizes]
         self.cost_fn = make_cost_fn(problem, objective)
         self.use_single = objective == "repack"
-        self.single: dict[tuple[int, int], float] = {}
         self.evals = 0
 
     def single_of(self, s: int, size: int) -> float:
-        key = (s, size)
-        if key not in self.single:
-            self.single[key] = single_sample_bound(self.p, s, size)
-        return self.single[key]
+        return self.p.single_bounds(size)[s]
 
     def longest(self, j: int, add: int | None, remove: int | None) -> float:
         if not self.use_single:

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from solver.buddy import Buddy
-from solver.membership import Objective, make_cost_fn, single_sample_bound
+from solver.membership import Objective, make_cost_fn
 from solver.problem import Problem
 
 BISECTION_STEPS = 6
@@ -52,15 +52,11 @@ class ParentPacker:
         self.cost_fn = make_cost_fn(problem, objective)
         self.repack = objective == "repack"
         self.order = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
-        self._single: dict[tuple[int, int], float] = {}
 
     def single(self, s: int, size: int) -> float:
         if not self.repack:
             return 0.0
-        key = (s, size)
-        if key not in self._single:
-            self._single[key] = single_sample_bound(self.p, s, size)
-        return self._single[key]
+        return self.p.single_bounds(size)[s]
 
     def cost(self, par: _OpenParent, s: int | None = None) -> float:
         p = self.p

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
-from solver.cost_model import CostModel, SampleCosts
+from solver.cost_model import CostModel, SampleCosts, child_layer_seconds
 from solver.schema import CHILD_SIZES, PlanRequest
 
 
@@ -47,3 +48,24 @@ class Problem:
 
     def capacity(self, size: int) -> int:
         return size * self.cost.max_tokens_per_rank
+
+    def single_bounds(self, size: int) -> tuple[float, ...]:
+        """Per sample: least sparse-layer time alone in a node-local child of a parent of
+        ``size`` ranks; ``inf`` where no child can hold it (that parent stays unrepacked).
+        Memoised per size: every planner stage asks for the same few sizes."""
+        cache = self._single_cache
+        if size not in cache:
+            cache[size] = tuple(self._single(s, size) for s in range(self.num_samples))
+        return cache[size]
+
+    @cached_property
+    def _single_cache(self) -> dict[int, tuple[float, ...]]:
+        return {}
+
+    def _single(self, sample: int, size: int) -> float:
+        length, sparse = self.tokens[sample], self.sparse_s[sample]
+        best = math.inf
+        for k in self.child_sizes:
+            if k <= size and length <= self.capacity(k):
+                best = min(best, child_layer_seconds(self.cost, k, sparse, length))
+        return best
