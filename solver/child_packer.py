@@ -174,8 +174,8 @@ class ChildPacker:
             base, self.parent_s([_OpenChild(self.start, self.size, sparse, tokens, [])])
         )
         z0, m0 = self.lower_bounds()
-        if math.isinf(z0) or not self.members or target == math.inf:
-            return best  # an infinite target (deadline fired) takes the unrepacked layout
+        if math.isinf(z0) or not self.members:
+            return best
 
         def consider(slack: float) -> bool:
             nonlocal best
