@@ -11,11 +11,19 @@ from typing import NoReturn
 from cli.errors import EXIT_BAD_INPUT, PROG, guarded
 
 DESCRIPTION = (
-    "Layerwise Repacking planner, offline: plan a step, check a plan, replay a trace in "
-    "several modes, benchmark the solver. Bad input exits 2 with one line on stderr."
+    "Layerwise Repacking planner: plan a step, check a plan, replay a trace in several modes, "
+    "benchmark the solver, serve the plan API. Bad input exits 2 with one line on stderr."
 )
 
-COMMAND_MODULES = ("cli.solve", "cli.validate", "cli.replay", "cli.bench")
+COMMAND_MODULES = (
+    "cli.solve",
+    "cli.validate",
+    "cli.replay",
+    "cli.bench",
+    "cli.serve",
+    "cli.demo",
+    "cli.bench_service",
+)
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
 

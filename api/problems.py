@@ -1,0 +1,156 @@
+"""RFC 9457 problem details: every 4xx/5xx answer is ``application/problem+json``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from solver.errors import PlanningError
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_TYPE_PREFIX = "urn:repack:problem:"
+log = logging.getLogger(__name__)
+
+
+class FieldError(BaseModel):
+    """One bad input, located like ``body.lengths[3]`` or ``query.limit``."""
+
+    location: str
+    detail: str
+    type: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details with an ``errors`` list (empty unless inputs were bad)."""
+
+    type: str = Field("about:blank", description="Problem type URI.")
+    title: str
+    status: int
+    detail: str
+    instance: str = Field(..., description="Path of the request that failed.")
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class ProblemError(StarletteHTTPException):
+    """Raised to answer with a problem; ``slug`` names the problem type.
+
+    It is an ``HTTPException`` so that FastAPI passes it through unchanged even when it is
+    raised while the body is read (the body-size limit).
+    """
+
+    def __init__(
+        self, status: int, slug: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(status, detail, headers)
+        self.slug = slug
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries documenting problem answers for ``statuses``."""
+    ref = {"$ref": "#/components/schemas/Problem"}
+    return {
+        status: {
+            "model": Problem,
+            "description": HTTPStatus(status).phrase,
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": ref}},
+        }
+        for status in statuses
+    }
+
+
+def format_location(loc: Sequence[int | str]) -> str:
+    """``("body", "lengths", 3)`` -> ``body.lengths[3]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    detail: str,
+    *,
+    slug: str | None = None,
+    errors: list[FieldError] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body = Problem(
+        type=PROBLEM_TYPE_PREFIX + slug if slug else "about:blank",
+        title=HTTPStatus(status).phrase,
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+        errors=errors or [],
+    )
+    return JSONResponse(
+        body.model_dump(), status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE
+    )
+
+
+def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
+    return [
+        FieldError(
+            location=format_location(err.get("loc", ())),
+            detail=str(err.get("msg", "invalid")),
+            type=str(err.get("type", "value_error")),
+        )
+        for err in exc.errors()
+    ]
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _validation_errors(exc)
+    where = ", ".join(e.location for e in errors[:5])
+    return problem_response(
+        request, 422, f"invalid request: {where}", slug="validation-error", errors=errors
+    )
+
+
+async def _on_planning(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PlanningError)
+    error = FieldError(location=f"body.{exc.field}", detail=exc.message, type="planning_error")
+    return problem_response(request, 422, str(exc), slug="planning-error", errors=[error])
+
+
+async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProblemError)
+    return problem_response(
+        request, exc.status_code, exc.detail, slug=exc.slug, headers=exc.headers
+    )
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    errors = None
+    if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
+        errors = [FieldError(location="body", detail=str(exc.detail), type="body_unreadable")]
+    return problem_response(
+        request, exc.status_code, str(exc.detail), errors=errors, headers=exc.headers
+    )
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    return problem_response(request, 500, "internal error; see the service log", slug="internal")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise to a problem+json answer."""
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(PlanningError, _on_planning)
+    app.add_exception_handler(ProblemError, _on_problem)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,75 @@
+"""Dashboard pages: jobs, plan quality over a job's steps, the layout of one step.
+
+Pages are server-rendered shells with their data inlined as JSON; ``dashboard.js`` draws the
+plots with the plotly.js file bundled in the ``plotly`` Python package (no CDN).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import SettingsDep, StoreDep
+from api.problems import ProblemError
+from api.routers.jobs import Step
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent.parent / "templates"))
+
+PLOTLY_JS = Path(str(files("plotly") / "package_data" / "plotly.min.js"))
+MAX_PLOTTED_STEPS = 10_000
+"""Steps one job page plots (the latest are what matters; older ones are in the API)."""
+
+JobId = Annotated[str, PathParam(min_length=1, max_length=200)]
+PlanId = Annotated[str, PathParam(min_length=1, max_length=300)]
+
+
+@router.get("/")
+async def root() -> RedirectResponse:
+    return RedirectResponse("/dashboard")
+
+
+@router.get("/dashboard/assets/plotly.min.js")
+async def plotly_js() -> FileResponse:
+    return FileResponse(
+        PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"}
+    )
+
+
+@router.get("/dashboard", response_class=HTMLResponse)
+async def jobs_page(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLResponse:
+    jobs = await run_in_threadpool(store.list_jobs, None, settings.page_limit)
+    return templates.TemplateResponse(request, "jobs.html", {"jobs": jobs})
+
+
+@router.get("/dashboard/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResponse:
+    rows = await run_in_threadpool(store.list_steps, job_id, None, MAX_PLOTTED_STEPS)
+    if not rows:
+        raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
+    steps = [Step.from_row(r).model_dump(mode="json") for r in rows]
+    return templates.TemplateResponse(request, "job.html", {"job_id": job_id, "steps": steps})
+
+
+@router.get("/dashboard/plans/{plan_id}", response_class=HTMLResponse)
+async def plan_page(request: Request, plan_id: PlanId, store: StoreDep) -> HTMLResponse:
+    row = await run_in_threadpool(store.get_row, plan_id)
+    if row is None:
+        raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
+    data: dict[str, Any] = {
+        "plan": json.loads(row.body),
+        "lengths": json.loads(row.lengths),
+        "nodes": row.nodes,
+        "gpus_per_node": row.gpus_per_node,
+    }
+    return templates.TemplateResponse(
+        request, "plan.html", {"plan_id": plan_id, "row": row, "data": data}
+    )

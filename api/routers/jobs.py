@@ -1,0 +1,126 @@
+"""``/v1/jobs``: plan history per job, keyset-paginated, with each plan's metrics."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import SettingsDep, StoreDep
+from api.problems import ProblemError, problem_responses
+from api.storage import MAX_STEP, PlanRow, as_utc
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_PAGE = 1000
+
+
+class Job(BaseModel):
+    job_id: str
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    mean_speedup: float
+    last_created_at: datetime
+
+
+class JobPage(BaseModel):
+    items: list[Job]
+    next_after: str | None = None
+    """Pass as ``after`` for the next page; null on the last page."""
+
+
+class StepMetrics(BaseModel):
+    step_time_ms: float
+    baseline_step_time_ms: float
+    speedup: float
+    mfu: float
+    baseline_mfu: float
+    gap: float | None
+    lower_bound_ms: float | None
+    solve_ms: float | None
+    stopped_by: str | None
+
+
+class Step(BaseModel):
+    step: int
+    plan_id: str
+    mode: str
+    status: str
+    nodes: int
+    gpus_per_node: int
+    num_samples: int
+    created_at: datetime
+    metrics: StepMetrics
+
+    @classmethod
+    def from_row(cls, row: PlanRow) -> Step:
+        assert row.step is not None
+        metrics = StepMetrics(
+            step_time_ms=row.step_time_ms,
+            baseline_step_time_ms=row.baseline_step_time_ms,
+            speedup=row.speedup,
+            mfu=row.mfu,
+            baseline_mfu=row.baseline_mfu,
+            gap=row.gap,
+            lower_bound_ms=row.lower_bound_ms,
+            solve_ms=row.solve_ms,
+            stopped_by=row.stopped_by,
+        )
+        return cls(
+            step=row.step,
+            plan_id=row.plan_id,
+            mode=row.mode,
+            status=row.status,
+            nodes=row.nodes,
+            gpus_per_node=row.gpus_per_node,
+            num_samples=row.num_samples,
+            created_at=as_utc(row.created_at),
+            metrics=metrics,
+        )
+
+
+class StepPage(BaseModel):
+    job_id: str
+    items: list[Step]
+    next_after: int | None = None
+    """Pass as ``after`` for the next page; null on the last page."""
+
+
+Limit = Annotated[int | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
+
+
+@router.get("", response_model=JobPage, responses=problem_responses(422))
+async def list_jobs(
+    store: StoreDep,
+    settings: SettingsDep,
+    after: Annotated[str | None, Query(max_length=200, description="Last job id seen.")] = None,
+    limit: Limit = None,
+) -> JobPage:
+    """Jobs with at least one stored plan, ordered by id."""
+    size = limit or settings.page_limit
+    jobs = await run_in_threadpool(store.list_jobs, after, size)
+    items = [Job(**vars(j)) for j in jobs]
+    return JobPage(items=items, next_after=items[-1].job_id if len(items) == size else None)
+
+
+@router.get("/{job_id}/steps", response_model=StepPage, responses=problem_responses(404, 422))
+async def list_steps(
+    job_id: Annotated[str, Path(min_length=1, max_length=200)],
+    store: StoreDep,
+    settings: SettingsDep,
+    after: Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")] = None,
+    limit: Limit = None,
+) -> StepPage:
+    """A job's plans in step order with their metrics."""
+    size = limit or settings.page_limit
+    rows = await run_in_threadpool(store.list_steps, job_id, after, size)
+    if not rows and after is None:
+        raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
+    items = [Step.from_row(r) for r in rows]
+    return StepPage(
+        job_id=job_id, items=items, next_after=items[-1].step if len(items) == size else None
+    )

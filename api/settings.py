@@ -1,0 +1,65 @@
+"""Service settings: one pydantic-settings class, read from ``REPACK_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("repack-data")
+"""Where the embedded SQLite database lives when no URL is given (relative to the cwd)."""
+
+
+def _default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment (prefix ``REPACK_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="REPACK_", extra="ignore")
+
+    database_url: str = Field(
+        default_factory=lambda: f"sqlite:///{DEFAULT_DATA_DIR / 'repack.db'}",
+        description="SQLAlchemy URL; SQLite file by default, e.g. postgresql+psycopg://...",
+    )
+    host: str = Field("127.0.0.1", description="Address `repack serve` binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="Port `repack serve` listens on.")
+    default_deadline_ms: int = Field(
+        1000, gt=0, le=600_000, description="Deadline of a request that sets none."
+    )
+    deadline_margin_ms: float = Field(
+        10.0,
+        ge=0,
+        description="Milliseconds of the deadline kept for IPC, storage and the response.",
+    )
+    min_solve_budget_ms: float = Field(
+        1.0, gt=0, description="Smallest budget handed to the solver, even when late."
+    )
+    solver_workers: int = Field(
+        default_factory=_default_workers, ge=1, description="Solver processes (default: cores)."
+    )
+    queue_limit: int = Field(
+        16, ge=0, description="Solves that may wait for a worker; beyond it the service says 429."
+    )
+    retry_after_s: int = Field(1, ge=1, description="Least Retry-After of a 429 answer.")
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413."
+    )
+    plan_cache_size: int = Field(
+        1024, ge=0, description="Plans kept in memory for idempotent replays."
+    )
+    recent_window: int = Field(
+        100, ge=1, description="Plans behind the 'recent' gap and speed-up gauges."
+    )
+    page_limit: int = Field(100, ge=1, le=10_000, description="Default page size of listings.")
+    log_level: str = Field("info", description="uvicorn log level.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once from the environment."""
+    return Settings()

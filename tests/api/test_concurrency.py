@@ -1,0 +1,154 @@
+"""Single-flight, backpressure (429 + Retry-After) and a free event loop, over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from api.server import ServerThread
+from tests.api.conftest import ServerFactory, metric_value
+
+LONG_STEP: dict[str, Any] = {
+    "cluster": {"nodes": 256},
+    "lengths": [1000] * 4000,
+    "deadline_ms": 10_000,
+}
+"""2048 GPUs, 4000 samples: ~0.8 s of solving, long enough to act while it runs."""
+
+
+def post_all(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    """POST every body at once from its own thread (released together by a barrier)."""
+    barrier = threading.Barrier(len(bodies))
+
+    def one(body: dict[str, Any]) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            barrier.wait()
+            return c.post("/v1/plans", json=body)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+def exposition(server: ServerThread) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Any) -> str:
+    return f"sqlite:///{tmp_path / 'plans.db'}"
+
+
+def test_identical_concurrent_requests_solve_once(db_url: str, start_server: ServerFactory) -> None:
+    server = start_server(db_url)
+    body = {**LONG_STEP, "job_id": "flight", "step": 1}
+    responses = post_all(server.url, [body] * 8)
+    assert {r.status_code for r in responses} == {200}
+    assert len({r.content for r in responses}) == 1
+    sources = sorted(r.headers["x-repack-plan-source"] for r in responses)
+    assert sources.count("solved") == 1
+    assert "inflight" in sources
+    text = exposition(server)
+    assert metric_value(text, "repack_plans_total") == 1
+    assert metric_value(text, "repack_cache_hits_total") == 7
+
+
+def test_full_queue_answers_429_with_retry_after(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1, queue_limit=1)
+    bodies = [{**LONG_STEP, "job_id": "busy", "step": i} for i in range(6)]
+    responses = post_all(server.url, bodies)
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 1
+    assert statuses.count(429) >= 1
+    for r in responses:
+        if r.status_code == 429:
+            assert r.headers["content-type"] == "application/problem+json"
+            assert int(r.headers["retry-after"]) >= 1
+    assert metric_value(exposition(server), "repack_rejected_total") == statuses.count(429)
+    # Refused keys were not stored: retrying one now solves it.
+    refused = next(b for b, s in zip(bodies, statuses, strict=True) if s == 429)
+    retry = httpx.post(f"{server.url}/v1/plans", json=refused, timeout=120)
+    assert retry.status_code == 200
+    assert retry.headers["x-repack-plan-source"] == "solved"
+
+
+def test_event_loop_answers_while_solving(sqlite_url: str, start_server: ServerFactory) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    body = {**LONG_STEP, "job_id": "loop", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    health = httpx.get(f"{server.url}/healthz", timeout=30)
+    jobs = httpx.get(f"{server.url}/v1/jobs", timeout=30)
+    still_solving = poster.is_alive()
+    poster.join()
+    assert health.status_code == 200
+    assert jobs.status_code == 200
+    assert still_solving, "the health check should have been answered during the solve"
+    assert result[0].status_code == 200
+
+
+def test_a_killed_worker_gives_503_and_the_pool_recovers(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    pool = server.server.config.app.state.service.pool
+    body = {**LONG_STEP, "job_id": "crash", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    for pid in list(pool._executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    poster.join()
+    assert result[0].status_code == 503
+    assert result[0].headers["content-type"] == "application/problem+json"
+    assert int(result[0].headers["retry-after"]) >= 1
+    again = httpx.post(f"{server.url}/v1/plans", json={**body, "lengths": [1000] * 10}, timeout=120)
+    assert again.status_code == 200
+    assert again.headers["x-repack-plan-source"] == "solved"
+
+
+def test_a_request_that_cannot_start_in_time_gets_429_at_once(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1)
+    body = {**LONG_STEP, "job_id": "wait", "step": 0}
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    small = {"cluster": {"nodes": 1}, "lengths": [100, 200]}
+    hopeless = httpx.post(f"{server.url}/v1/plans", json={**small, "deadline_ms": 1}, timeout=60)
+    still_solving = poster.is_alive()
+    patient = httpx.post(
+        f"{server.url}/v1/plans", json={**small, "deadline_ms": 60_000}, timeout=60
+    )
+    poster.join()
+    assert still_solving
+    assert hopeless.status_code == 429
+    assert "deadline" in hopeless.json()["detail"]
+    assert int(hopeless.headers["retry-after"]) >= 1
+    assert patient.status_code == 200
+    assert result[0].status_code == 200
