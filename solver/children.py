@@ -16,7 +16,15 @@ from solver.bounds import parent_bound, unrepacked_seconds
 from solver.budget import Budget
 from solver.child_cpsat import ChildModel, slot_count
 from solver.child_packer import ChildPacker
-from solver.layout import Layout, LayoutEval, Parent, evaluate, parent_starts, parent_time
+from solver.layout import (
+    Layout,
+    LayoutEval,
+    Parent,
+    evaluate,
+    parent_starts,
+    parent_time,
+    unrepacked,
+)
 from solver.problem import Problem
 
 MAX_MODEL_ASSIGNMENTS = 2_500
@@ -52,11 +60,11 @@ def solve_children(
     parents: list[Parent | None] = [None] * len(sizes)
     step = 0.0
     for j in order:
+        if budget.expired():  # out of time: the baseline layout is valid and free
+            parents[j] = unrepacked(starts[j], sizes[j], members[j])
+            continue
         packer = ChildPacker(problem, starts[j], sizes[j], members[j])
-        if budget.expired():
-            solution = packer.solve(target=float("inf"))  # one pack, no search
-        else:
-            solution = packer.solve(target=step if step > bounds[j] else None)
+        solution = packer.solve(target=step if step > bounds[j] else None)
         parents[j] = solution.parent
         step = max(step, solution.seconds)
     layout = tuple(p for p in parents if p is not None)

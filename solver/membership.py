@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from solver.budget import Budget
 from solver.cost_model import ceil_div
 from solver.errors import InfeasibleRequestError
 from solver.problem import Problem
@@ -180,9 +181,9 @@ class _Balancer:
             heapq.heapreplace(heaps[size], (c, j))
             self.place(j, s)
 
-    def improve(self, budget: int) -> None:
+    def improve(self, budget: int, clock: Budget | None = None) -> None:
         """Moves and swaps out of the critical parent while one makes it faster."""
-        while self.evals < budget:
+        while self.evals < budget and not (clock is not None and clock.expired()):
             costs = [self.cost(j) for j in range(len(self.loads))]
             c = max(range(len(costs)), key=lambda j: (costs[j], -j))
             if not self._improve_critical(c, costs, budget):
@@ -231,9 +232,11 @@ def balance(
     sizes: Sequence[int],
     objective: Objective,
     start: Sequence[Sequence[int]] | None = None,
-    budget: int = LOCAL_SEARCH_EVALS,
+    evals: int = LOCAL_SEARCH_EVALS,
+    clock: Budget | None = None,
 ) -> list[list[int]]:
-    """Members of each parent (in index order), improved from ``start`` or built greedily."""
+    """Members of each parent (in index order), improved from ``start`` or built greedily;
+    the local search stops after ``evals`` evaluations or when ``clock`` runs out."""
     bal = _Balancer(problem, sizes, objective)
     if start is None:
         bal.greedy(heavy_order(problem))
@@ -241,8 +244,8 @@ def balance(
         for j, group in enumerate(start):
             for s in group:
                 bal.place(j, s)
-    if budget > 0:
-        bal.improve(bal.evals + budget)
+    if evals > 0:
+        bal.improve(bal.evals + evals, clock)
     return [sorted(ld.members) for ld in bal.loads]
 
 

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from solver.buddy import Buddy
+from solver.budget import Budget
 from solver.membership import Objective, make_cost_fn
 from solver.problem import Problem
 
@@ -146,8 +147,9 @@ class ParentPacker:
             wider.start = start
             parents[parents.index(par)] = wider
 
-    def solve(self, low: float, high: float) -> SizedMembership | None:
-        """Tightest packing found by bisection on the target between ``low`` and ``high``."""
+    def solve(self, low: float, high: float, clock: Budget | None = None) -> SizedMembership | None:
+        """Tightest packing found by bisection on the target between ``low`` and ``high``,
+        cut short (keeping the best so far) when ``clock`` runs out."""
         best: list[_OpenParent] | None = None
         best_t = math.inf
 
@@ -164,6 +166,8 @@ class ParentPacker:
         if not consider(high):
             return None
         for _ in range(BISECTION_STEPS):
+            if clock is not None and clock.expired():
+                break
             mid = (low + high) / 2
             if consider(mid):
                 high = mid

@@ -4,16 +4,22 @@ Rule (documented in the README): memory needs ``P * max_tokens_per_rank >= longe
 among the allowed power-of-two sizes from that minimum up to the whole cluster (dividing
 ``heads``, compatible with ``kv_heads``), the one whose token-balanced membership (the default
 upstream membership) predicts the shortest baseline step time is taken; ties go to the smaller
-size (less inter-node traffic).
+size (less inter-node traffic). Very large requests rank the sizes with a closed-form estimate
+instead (``EXACT_RANKING_WORK``).
 """
 
 from __future__ import annotations
 
+from solver.bounds import unrepacked_seconds
+from solver.cost_model import unrepacked_parent_seconds
 from solver.errors import InfeasibleRequestError
-from solver.layout import baseline_layout, evaluate
 from solver.membership import balance
 from solver.problem import Problem
 from solver.schema import PlanRequest, allowed_parent_sizes
+
+EXACT_RANKING_WORK = 60_000
+"""Above this many (candidate size x sample) pairs, sizes are ranked by ``_estimate`` and only
+the winner gets a membership: the exact ranking would outlast a large step's deadline."""
 
 
 def derive_parent_sizes(
@@ -28,14 +34,16 @@ def derive_parent_sizes(
         for p in allowed_parent_sizes(request.cluster, request.model)
         if problem.capacity(p) >= longest
     ]
+    if len(candidates) * problem.num_samples > EXACT_RANKING_WORK:
+        candidates = sorted(candidates, key=lambda p: (_estimate(problem, p), p))[:1]
     best: tuple[float, int, list[list[int]]] | None = None
     for size in candidates:
         sizes = [size] * (world // size)
         try:
-            members = balance(problem, sizes, "tokens", budget=0)
+            members = balance(problem, sizes, "tokens", evals=0)
         except InfeasibleRequestError:
             continue
-        step = evaluate(baseline_layout(sizes, members), problem.cost, problem.costs).step_s
+        step = max(unrepacked_seconds(problem, size, group) for group in members)
         if best is None or step < best[0]:
             best = (step, size, members)
     if best is None:
@@ -43,3 +51,18 @@ def derive_parent_sizes(
             "lengths", "no uniform parent size can hold these samples within max_tokens_per_rank"
         )
     return [best[1]] * (world // best[1]), best[2]
+
+
+def _estimate(problem: Problem, size: int) -> float:
+    """Baseline step time of ``size`` without building a membership: the larger of an average
+    parent and the longest sample's parent (which holds at least that sample)."""
+    parents = problem.cost.world_size // size
+    longest = max(range(problem.num_samples), key=lambda s: (problem.tokens[s], -s))
+    average = unrepacked_parent_seconds(
+        problem.cost,
+        size,
+        sum(problem.full_s) / parents,
+        sum(problem.sparse_s) / parents,
+        -(-sum(problem.tokens) // parents),
+    )
+    return max(average, unrepacked_seconds(problem, size, [longest]))

@@ -30,6 +30,10 @@ from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
 
 DEFAULT_DEADLINE_MS = 1000
+ASSEMBLY_MS_PER_RANK = 0.012
+ASSEMBLY_MS_PER_SAMPLE = 0.004
+"""Measured cost of building and evaluating the final plan (2-core CPU), kept back from the
+deadline."""
 
 UPSTREAM_OBJECTIVE: Objective = "tokens"
 """The default membership (no ``parent_of``) models a data loader that balances tokens per
@@ -55,16 +59,22 @@ def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int]
         sizes = list(request.parent_sizes)
         if request.parent_of is not None:
             return sizes, members_from_parent_of(request.parent_of, len(sizes))
-        return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, budget=UPSTREAM_EVALS)
+        return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, evals=UPSTREAM_EVALS)
     sizes, greedy = derive_parent_sizes(problem, request)
-    return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy, budget=UPSTREAM_EVALS)
+    return sizes, balance(problem, sizes, UPSTREAM_OBJECTIVE, start=greedy, evals=UPSTREAM_EVALS)
 
 
 def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: bool = True) -> Plan:
     """Solve one step. ``deadline_ms`` overrides the request's (and the default);
     ``use_cpsat=False`` returns the greedy plan (for benchmarks)."""
     t0 = time.perf_counter()
-    budget = Budget(deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS, use_cpsat)
+    deadline = deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS
+    # Keep back the time the plan's assembly takes (split sizes for every rank), so the
+    # finished plan, not just the search, comes back within the deadline.
+    reserve_ms = ASSEMBLY_MS_PER_RANK * request.cluster.world_size + ASSEMBLY_MS_PER_SAMPLE * len(
+        request.lengths
+    )
+    budget = Budget(max(deadline - reserve_ms, 0.0), use_cpsat)
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
@@ -118,7 +128,7 @@ def _repack_parent(
     free = membership_free_bound(problem, sizes, repack=True)  # true for any membership
     if budget.expired():
         return _Candidate(fixed.layout, fixed.evaluation, free)
-    moved_members = balance(problem, sizes, "repack", start=members)
+    moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
     moved = solve_children(problem, sizes, moved_members, budget)
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
         moved = polish(problem, moved, budget)
@@ -130,14 +140,14 @@ def _repack_parent(
 
 
 def _sized(
-    problem: Problem, request: PlanRequest, objective: Objective, high: float
+    problem: Problem, request: PlanRequest, objective: Objective, high: float, budget: Budget
 ) -> SizedMembership | None:
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     low = membership_free_bound(problem, allowed, repack=objective == "repack")
-    sized = ParentPacker(problem, allowed, objective).solve(low, high)
+    sized = ParentPacker(problem, allowed, objective).solve(low, high, budget)
     if sized is None:
         return None
-    members = balance(problem, sized.sizes, objective, start=sized.members)
+    members = balance(problem, sized.sizes, objective, start=sized.members, clock=budget)
     return SizedMembership(sized.sizes, members, sized.estimate_s)
 
 
@@ -145,7 +155,7 @@ def _sizing(problem: Problem, request: PlanRequest, base: _Candidate, budget: Bu
     """FlexSP-style: heterogeneous parent sizes and membership, no repacking."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=False)
-    sized = _sized(problem, request, "baseline", base.evaluation.step_s)
+    sized = _sized(problem, request, "baseline", base.evaluation.step_s, budget)
     if sized is not None and not budget.expired():
         layout = baseline_layout(sized.sizes, sized.members)
         evaluation = evaluate(layout, problem.cost, problem.costs)
@@ -173,7 +183,7 @@ def _repack_sizing(
     for objective in SIZING_OBJECTIVES:
         if budget.expired():
             break
-        sized = _sized(problem, request, objective, base.evaluation.step_s)
+        sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
         if sized is None:
             continue
         candidate = solve_children(problem, sized.sizes, sized.members, budget)
