@@ -25,10 +25,11 @@ from typing import Any
 
 import httpx
 
-from api.server import free_port
-from cli.synthetic import synthetic_requests
 from solver.planner import plan
 from solver.schema import PlanRequest
+from solver.trace import request_bodies
+
+DEFAULT_TRACE = Path("scenarios/gpu64-200steps.yaml")
 
 READY_TIMEOUT_S = 60.0
 
@@ -38,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, default=96, help="new steps per concurrency level")
     p.add_argument("--replays", type=int, default=200, help="idempotent replays per level")
-    p.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs (default 8 = 64 GPUs)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--trace", type=Path, default=DEFAULT_TRACE, help=f"steps to post (default {DEFAULT_TRACE})"
+    )
     p.add_argument("--deadline-ms", type=int, default=None, help="deadline_ms of every step")
     p.add_argument("--queue-limit", type=int, default=None, help="REPACK_QUEUE_LIMIT of the server")
     p.set_defaults(run=run)
@@ -86,6 +88,8 @@ class Server:
 def served(extra_env: dict[str, str] | None = None) -> Iterator[Server]:
     """`repack serve` in a subprocess on a fresh SQLite file."""
     with tempfile.TemporaryDirectory(prefix="repack-bench-") as tmp:
+        from api.server import free_port  # the service stack, only when benchmarking it
+
         port = free_port()
         env = {
             **os.environ,
@@ -186,9 +190,7 @@ def run(args: argparse.Namespace) -> int:
     env = {} if args.queue_limit is None else {"REPACK_QUEUE_LIMIT": str(args.queue_limit)}
     with served(env) as server:
         for c in args.concurrency:
-            bodies = synthetic_requests(
-                f"bench-c{c}", args.requests, nodes=args.nodes, seed=args.seed + c
-            )
+            bodies = request_bodies(args.trace, args.requests, job_id=f"bench-c{c}")
             if args.deadline_ms is not None:
                 bodies = [{**b, "deadline_ms": args.deadline_ms} for b in bodies]
             samples, row = _measure(server, bodies, c)
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             replay_rows.append(_measure(server, replays, c)[1])
     deadline = f"deadline_ms {args.deadline_ms}" if args.deadline_ms else "default deadline"
     queue = "default queue limit" if args.queue_limit is None else f"queue limit {args.queue_limit}"
-    print(f"New {args.nodes * 8}-GPU steps (each a fresh solve, {deadline}, {queue}):")
+    print(f"New steps of {args.trace} (each a fresh solve, {deadline}, {queue}):")
     print("\n".join(solve_rows))
     print("\nIdempotent replays of stored steps:")
     print("\n".join(replay_rows))

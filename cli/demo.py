@@ -1,8 +1,8 @@
 """`repack demo`: serve on the embedded SQLite default, post a few steps, show the dashboard.
 
-Steps are ~20 random long-tailed 64-GPU batches made in code, or the request files (JSON or
-YAML) of ``--requests DIR`` in name order. Keeps serving until Ctrl-C unless
-``--exit-after-posting``.
+The steps are the first ``--steps`` of a trace (a scenario YAML or a directory of request
+files, read by ``solver.trace``; default: the 64-GPU scenario). Keeps serving until Ctrl-C
+unless ``--exit-after-posting``.
 """
 
 from __future__ import annotations
@@ -15,39 +15,25 @@ from urllib.parse import quote
 
 import httpx
 
-from api.server import ServerThread
-from api.settings import Settings
-from cli.synthetic import synthetic_requests
-from solver.io import load_document
+from solver.trace import request_bodies
 
-REQUEST_SUFFIXES = (".json", ".yaml", ".yml")
+DEFAULT_TRACE = Path("scenarios/gpu64-200steps.yaml")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("demo", help="serve, post a few steps, print the dashboard URL")
-    p.add_argument("--requests", type=Path, default=None, help="directory of request files")
-    p.add_argument("--steps", type=int, default=20, help="synthetic steps (default 20)")
-    p.add_argument("--nodes", type=int, default=8, help="nodes of 8 GPUs (default 8)")
-    p.add_argument("--job-id", default="demo", help="job id of steps that name none")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=DEFAULT_TRACE,
+        help=f"scenario or request dir ({DEFAULT_TRACE})",
+    )
+    p.add_argument("--steps", type=int, default=20, help="steps to post (default 20)")
+    p.add_argument("--job-id", default="demo", help="job id of the posted steps (default demo)")
     p.add_argument("--data-dir", type=Path, default=Path("repack-data"), help="SQLite dir")
     p.add_argument("--port", type=int, default=None, help="port (default REPACK_PORT or 8000)")
     p.add_argument("--exit-after-posting", action="store_true", help="stop once posted")
     p.set_defaults(run=run)
-
-
-def load_requests(directory: Path, job_id: str) -> list[dict[str, Any]]:
-    """Request files in name order; a file without ``job_id``/``step`` gets ours/its index."""
-    files = sorted(p for p in directory.iterdir() if p.suffix in REQUEST_SUFFIXES)
-    if not files:
-        raise SystemExit(f"repack demo: no request files (*.json, *.yaml) in {directory}")
-    bodies = []
-    for i, path in enumerate(files):
-        body = dict(load_document(path))
-        body.setdefault("job_id", job_id)
-        body.setdefault("step", i)
-        bodies.append(body)
-    return bodies
 
 
 def post_steps(url: str, bodies: list[dict[str, Any]]) -> int:
@@ -71,10 +57,10 @@ def post_steps(url: str, bodies: list[dict[str, Any]]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.requests is not None:
-        bodies = load_requests(args.requests, args.job_id)
-    else:
-        bodies = synthetic_requests(args.job_id, args.steps, nodes=args.nodes, seed=args.seed)
+    from api.server import ServerThread  # the service stack, only for service commands
+    from api.settings import Settings
+
+    bodies = request_bodies(args.trace, args.steps, job_id=args.job_id)
     overrides: dict[str, Any] = {"database_url": f"sqlite:///{args.data_dir / 'repack.db'}"}
     if args.port is not None:
         overrides["port"] = args.port

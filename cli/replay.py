@@ -36,8 +36,8 @@ from solver.planner import plan
 from solver.schema import PlanRequest
 from solver.trace import load_trace
 
-REPLAY_MODES: tuple[str, ...] = ("baseline", "repack", "repack+parent")
-"""Modes a replay runs by default, in table order; extend with "repack+sizing" when it lands."""
+REPLAY_MODES: tuple[str, ...] = ("baseline", "sizing", "repack", "repack+parent", "repack+sizing")
+"""Modes a replay runs by default, in table order: sizing alone, repacking alone, both."""
 
 GROUP_LABELS = {"wide": "wide-parent steps", "all": "all steps"}
 

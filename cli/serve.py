@@ -6,10 +6,10 @@ Settings come from ``REPACK_*`` environment variables (see docs/api.md); flags o
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from api.server import serve
-from api.settings import Settings
+if TYPE_CHECKING:  # the service's stack is imported only when a service command runs
+    from api.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Environment settings with the flags that were given laid over them."""
+    from api.settings import Settings
+
     overrides: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -33,5 +35,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.server import serve
+
     serve(settings_from_args(args))
     return 0

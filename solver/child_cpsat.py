@@ -27,6 +27,9 @@ TIME_UNIT_S = 1e-9
 """Integer time unit of the model: 1 ns keeps rounding far below any decision's effect."""
 
 DETERMINISTIC_SECONDS = 0.015
+
+WORK_LIMIT_REACHED = 0.999
+"""Share of the deterministic limit below which an unfinished search counts as cut by time."""
 """CP-SAT's deterministic work limit per parent (machine-independent, so results repeat)."""
 
 
@@ -227,7 +230,8 @@ class ChildModel:
         status = solver.solve(self.model)
         bound = min(self.incumbent, self.full_const_s + solver.best_objective_bound * TIME_UNIT_S)
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        wall = solver.wall_time >= params.max_time_in_seconds * 0.99
+        # An open search that stopped before its deterministic limit was stopped by the clock.
+        wall = solver.deterministic_time < work_limit_s * WORK_LIMIT_REACHED
         if status == cp_model.INFEASIBLE:
             # Nothing beats the incumbent: the incumbent is a bound of the repacked layouts.
             return ChildModelResult(None, self.incumbent, True, False)

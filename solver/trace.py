@@ -22,6 +22,7 @@ yields validated ``PlanRequest`` objects: the one way the CLI and the tests read
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +236,18 @@ def load_trace(path: str | Path) -> Iterator[PlanRequest]:
         yield from Scenario.model_validate(data).requests()
     else:
         yield PlanRequest.model_validate(data)
+
+
+def request_bodies(path: str | Path, steps: int, job_id: str | None = None) -> list[dict[str, Any]]:
+    """The first ``steps`` requests of a trace as JSON bodies (what a data loader posts),
+    with ``job_id`` replaced when given and ``step`` numbered where a file has none; the demo
+    and the service benchmark post these."""
+    bodies = []
+    for i, request in enumerate(itertools.islice(load_trace(path), steps)):
+        body = request.model_dump(mode="json", exclude_none=True)
+        if job_id is not None:
+            body["job_id"] = job_id
+        if "job_id" in body:
+            body.setdefault("step", i)
+        bodies.append(body)
+    return bodies

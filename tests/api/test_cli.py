@@ -14,6 +14,9 @@ from api.server import free_port
 from cli.bench_service import served
 from cli.main import build_parser
 from tests.api.conftest import SMALL_REQUEST
+from tests.helpers import ROOT
+
+SMALL_TRACE = ROOT / "scenarios" / "gpu16-small.yaml"
 
 
 def repack(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -40,7 +43,7 @@ def test_serve_answers_health_and_plans() -> None:
 
 
 def test_demo_posts_steps_and_is_idempotent_on_rerun(tmp_path: Path) -> None:
-    args = ("demo", "--exit-after-posting", "--steps", "3", "--nodes", "2")
+    args = ("demo", "--exit-after-posting", "--steps", "3", "--trace", str(SMALL_TRACE))
     data = ("--data-dir", str(tmp_path / "data"))
     first = repack(*args, *data, "--port", str(free_port()))
     assert first.returncode == 0, first.stdout + first.stderr
@@ -58,7 +61,7 @@ def test_demo_reads_request_files(tmp_path: Path) -> None:
     for i in range(2):
         (requests / f"step-{i}.json").write_text(json.dumps(SMALL_REQUEST))
     result = repack(
-        "demo", "--exit-after-posting", "--requests", str(requests), "--job-id", "files",
+        "demo", "--exit-after-posting", "--trace", str(requests), "--job-id", "files",
         "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -70,7 +73,7 @@ def test_demo_reads_request_files(tmp_path: Path) -> None:
 def test_bench_service_prints_its_tables() -> None:
     result = repack(
         "bench-service", "--concurrency", "1", "2", "--requests", "3", "--replays", "4",
-        "--nodes", "1", "--deadline-ms", "500",
+        "--trace", str(SMALL_TRACE), "--deadline-ms", "500",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout

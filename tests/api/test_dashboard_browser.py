@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from api.server import ServerThread
-from cli.synthetic import synthetic_requests
+from solver.trace import request_bodies
 from tests.api.conftest import make_settings
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.browser
 
@@ -41,7 +42,7 @@ def posted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
     db = tmp_path_factory.mktemp("browser") / "plans.db"
     with ServerThread(make_settings(f"sqlite:///{db}")) as server:
         plans = []
-        for body in synthetic_requests(JOB, STEPS, nodes=NODES, seed=3):
+        for body in request_bodies(ROOT / "scenarios" / "gpu64-200steps.yaml", STEPS, job_id=JOB):
             r = httpx.post(f"{server.url}/v1/plans", json=body, timeout=120)
             assert r.status_code == 200
             plans.append(r.json())
