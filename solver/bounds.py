@@ -76,13 +76,33 @@ def parent_bound(problem: Problem, size: int, members: Sequence[int], repack: bo
 
 
 def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
-    """Bound over every membership of the given parent sizes."""
-    # Every per-sample term grows with the sample's length, so the longest sample's bound is
-    # the largest one.
+    """Bound over every membership of the given parent sizes.
+
+    The longest sample decides most: wherever it sits, its parent is at least as slow as it
+    alone there, and its tokens pay that parent's all-to-all in the full layers (and in the
+    sparse layers, unless a node-local child holds it), which the mean rank-seconds must carry.
+    Every per-sample term grows with length, so no other sample gives a larger single bound.
+    """
+    cost = problem.cost
+    aggregate = aggregate_bound(problem, sizes)
     longest = max(range(problem.num_samples), key=lambda s: (problem.tokens[s], -s))
-    per_sample = min(
-        parent_bound(problem, size, [longest], repack)
-        for size in sorted(set(sizes))
-        if problem.tokens[longest] <= problem.capacity(size)
-    )
-    return max(per_sample, aggregate_bound(problem, sizes))
+    length = problem.tokens[longest]
+    fitting = sorted(size for size in set(sizes) if length <= problem.capacity(size))
+    a2a = {size: cost.a2a_seconds_per_token(size) for size in set(sizes)}
+    cheapest = min(a2a.values())
+    node_capacity = problem.capacity(cost.gpus_per_node)
+    # what aggregate_bound already charged this sample's tokens beyond compute
+    charged_sparse = min(a2a[size] for size in fitting) if length > node_capacity else 0.0
+    smallest_child = next((k for k in problem.child_sizes if length <= problem.capacity(k)), None)
+    options = []
+    for size in fitting:
+        sparse_a2a = a2a[size]
+        if repack and smallest_child is not None and smallest_child <= size:
+            sparse_a2a = min(sparse_a2a, cost.a2a_seconds_per_token(smallest_child))
+        extra = length * (
+            cost.full_layers * (a2a[size] - cheapest)
+            + cost.sparse_layers * (sparse_a2a - charged_sparse)
+        )
+        alone = parent_bound(problem, size, [longest], repack)
+        options.append(max(alone, aggregate + extra / cost.world_size))
+    return max(aggregate, min(options))
