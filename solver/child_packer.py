@@ -19,7 +19,7 @@ from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Parent, unrepacked
 from solver.problem import Problem
 
-BISECTION_STEPS = 8
+BISECTION_STEPS = 6
 INITIAL_SLACK = 0.02
 MAX_GROWTHS = 12
 

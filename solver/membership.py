@@ -26,7 +26,7 @@ from solver.problem import Problem
 
 Objective = Literal["tokens", "baseline", "repack"]
 
-LOCAL_SEARCH_EVALS = 4_000
+LOCAL_SEARCH_EVALS = 2_000
 """Deterministic work limit of the local search, in candidate evaluations."""
 
 RECEIVERS = 4
