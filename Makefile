@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the paper-style table of the 64-GPU scenario, then the service on the embedded
+# SQLite default with 20 of its steps posted and the dashboard URL printed (Ctrl-C stops it).
 run: $(STAMP)
 	$(BIN)/repack replay scenarios/gpu64-200steps.yaml
+	$(BIN)/repack demo --trace scenarios/gpu64-200steps.yaml --steps 20
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
