@@ -11,24 +11,15 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, StoreDep
 from api.problems import ProblemError, problem_responses
-from api.storage import MAX_STEP, PlanRow, as_utc
+from api.storage import MAX_STEP, JobSummary, PlanRow, as_utc
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_PAGE = 1000
 
 
-class Job(BaseModel):
-    job_id: str
-    steps: int
-    first_step: int | None
-    last_step: int | None
-    mean_speedup: float
-    last_created_at: datetime
-
-
 class JobPage(BaseModel):
-    items: list[Job]
+    items: list[JobSummary]  # the storage row type, served as is
     next_after: str | None = None
     """Pass as ``after`` for the next page; null on the last page."""
 
@@ -103,7 +94,7 @@ async def list_jobs(
     """Jobs with at least one stored plan, ordered by id."""
     size = limit or settings.page_limit
     jobs = await run_in_threadpool(store.list_jobs, after, size)
-    items = [Job(**vars(j)) for j in jobs]
+    items = list(jobs)
     return JobPage(items=items, next_after=items[-1].job_id if len(items) == size else None)
 
 
