@@ -17,15 +17,24 @@ INSTANCES = 24
 REL_ROUNDING = 1e-5
 
 
+TILINGS = {2: [2, 2, 4], 4: [4, 2, 2], 8: [8], 16: [16]}
+"""Heterogeneous parent sizes; the parent under test is the first (ranks from 0)."""
+SIZE_OF_SEED = (8, 2, 4, 16, 8, 4)
+SAMPLES = {2: (2, 4), 4: (3, 5), 8: (3, 6), 16: (3, 4)}  # CBC needs minutes beyond these
+
+
 def instance(seed: int) -> tuple[Problem, int, list[int]]:
     rng = random.Random(seed)
-    nodes = 1 if seed % 4 else 2  # CBC needs minutes on larger symmetric instances
-    n = rng.randint(3, 6) if nodes == 1 else rng.randint(3, 4)
+    size = SIZE_OF_SEED[seed % len(SIZE_OF_SEED)]
+    n = rng.randint(*SAMPLES[size])
     lengths = [max(1, int(rng.lognormvariate(9.5, 1.0))) for _ in range(n)]
-    room = 0.8 * nodes * 8 * 32768  # stay inside the parent's memory
+    room = 0.8 * size * 32768  # stay inside the parent's memory
     lengths = [max(1, int(x * min(1.0, room / sum(lengths)))) for x in lengths]
-    req = PlanRequest(cluster={"nodes": nodes}, lengths=lengths, parent_sizes=[8 * nodes])
-    return Problem.from_request(req), 8 * nodes, list(range(n))
+    nodes = max(1, size // 8)
+    req = PlanRequest(
+        cluster={"nodes": nodes}, lengths=lengths, parent_sizes=TILINGS[size], parent_of=[0] * n
+    )
+    return Problem.from_request(req), size, list(range(n))
 
 
 def test_partitions_of_a_node() -> None:
