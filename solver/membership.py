@@ -81,11 +81,14 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
         return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok)
 
     def repack(size: int, full: float, sparse: float, tokens: int, single: float) -> float:
+        # The parent may also stay unrepacked: never estimate it slower than that.
+        unrepacked = baseline(size, full, sparse, tokens, single)
         if math.isinf(single):
-            return baseline(size, full, sparse, tokens, single)
+            return unrepacked
         inv, full_tok, _ = coef[size]
         spread = (sparse + tokens * lin) * inv
-        return nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
+        repacked = nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
+        return min(unrepacked, repacked)
 
     def tokens_per_rank(size: int, _f: float, _s: float, tokens: int, _l: float) -> float:
         return tokens / size
