@@ -24,22 +24,33 @@ def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
     A parent of size P spends ``P * time >= F + T * (linear + a2a(P))`` on its full layers, so
     every token pays at least the cheapest all-to-all among the parent sizes on offer; a sample
     longer than a node forces its parent to stay unrepacked, so its tokens also pay that
-    parent's all-to-all in the sparse layers.
+    parent's all-to-all in the sparse layers; one longer than a rank's memory needs a group of
+    at least ``L / max_tokens_per_rank`` ranks there, and pays at least that group's all-to-all.
     """
     cost = problem.cost
     lin = cost.linear_seconds_per_token
     a2a = {size: cost.a2a_seconds_per_token(size) for size in set(sizes)}
     cheapest = min(a2a.values())
-    node_capacity = problem.capacity(cost.gpus_per_node)
-    forced = 0.0
-    for length in problem.tokens:
-        if length > node_capacity:
-            forced += length * min(a for size, a in a2a.items() if problem.capacity(size) >= length)
+    forced = sum(length * sparse_a2a_floor(problem, length, sizes) for length in problem.tokens)
     total_tokens = sum(problem.tokens)
     rank_seconds = cost.full_layers * (
         sum(problem.full_s) + total_tokens * (lin + cheapest)
     ) + cost.sparse_layers * (sum(problem.work_s) + forced)
     return rank_seconds / cost.world_size
+
+
+def sparse_a2a_floor(problem: Problem, length: int, sizes: Sequence[int]) -> float:
+    """Least all-to-all seconds per token a sample of ``length`` pays in a sparse layer: the
+    smallest group that can hold it (a child up to a node, else its unrepacked parent)."""
+    cost = problem.cost
+    if length > problem.capacity(cost.gpus_per_node):
+        return min(
+            cost.a2a_seconds_per_token(size)
+            for size in set(sizes)
+            if problem.capacity(size) >= length
+        )
+    smallest = next(k for k in problem.child_sizes if length <= problem.capacity(k))
+    return cost.a2a_seconds_per_token(smallest)
 
 
 def unrepacked_seconds(problem: Problem, size: int, members: Sequence[int]) -> float:
@@ -90,9 +101,8 @@ def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) 
     fitting = sorted(size for size in set(sizes) if length <= problem.capacity(size))
     a2a = {size: cost.a2a_seconds_per_token(size) for size in set(sizes)}
     cheapest = min(a2a.values())
-    node_capacity = problem.capacity(cost.gpus_per_node)
     # what aggregate_bound already charged this sample's tokens beyond compute
-    charged_sparse = min(a2a[size] for size in fitting) if length > node_capacity else 0.0
+    charged_sparse = sparse_a2a_floor(problem, length, sizes)
     smallest_child = next((k for k in problem.child_sizes if length <= problem.capacity(k)), None)
     options = []
     for size in fitting:
@@ -105,4 +115,28 @@ def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) 
         )
         alone = parent_bound(problem, size, [longest], repack)
         options.append(max(alone, aggregate + extra / cost.world_size))
-    return max(aggregate, min(options))
+    return max(aggregate, min(options), pigeonhole_bound(problem, sizes, repack))
+
+
+PIGEONHOLE_DEPTH = 3
+"""Rounds of the pigeonhole bound: among the t*J + 1 longest samples, some parent holds t + 1."""
+
+
+def pigeonhole_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
+    """For J parents of one size: among the ``t * J + 1`` longest samples some parent holds
+    ``t + 1`` of them, so it is at least as slow as the ``t + 1`` shortest of those together
+    (a parent's bound only grows with its members). 0 when the sizes differ."""
+    if len(set(sizes)) != 1:
+        return 0.0
+    size, parents = sizes[0], len(sizes)
+    by_length = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
+    best = 0.0
+    for t in range(1, PIGEONHOLE_DEPTH + 1):
+        top = t * parents + 1
+        if top > len(by_length):
+            break
+        group = by_length[top - t - 1 : top]
+        if sum(problem.tokens[s] for s in group) > problem.capacity(size):
+            continue  # such a parent cannot exist; memory already rules it out
+        best = max(best, parent_bound(problem, size, group, repack))
+    return best
