@@ -42,6 +42,8 @@ rank across parents, as loaders without a cost model do; the baseline is measure
 UPSTREAM_EVALS = 500
 """Local-search budget of the upstream membership: token LPT is already close to even."""
 GAP_TOLERANCE = 1e-9
+BOUND_SLACK = 1e-9
+"""Float noise allowed between a bound and the plan it bounds."""
 
 SIZING_OBJECTIVES: tuple[Objective, ...] = ("baseline", "repack")
 
@@ -202,7 +204,10 @@ def _repack_sizing(
 
 def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:
     step = best.evaluation.step_s
-    lb = min(best.lower_bound_s, step)
+    if best.lower_bound_s > step * (1 + BOUND_SLACK):
+        # A bound above a feasible plan is a bug in bounds.py, never a property of the input.
+        raise AssertionError(f"lower bound {best.lower_bound_s} s above the plan's {step} s")
+    lb = min(best.lower_bound_s, step)  # equal up to float noise
     proven = step - lb <= GAP_TOLERANCE * step
     stopped: StoppedBy = "optimal" if proven else ("deadline" if budget.fired else "work_limit")
     return SolveOutcome(

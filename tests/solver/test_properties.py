@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -72,7 +73,7 @@ def requests(draw: st.DrawFn) -> PlanRequest:
 
 
 @settings(
-    max_examples=40,
+    max_examples=int(os.environ.get("REPACK_PROPERTY_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=True,
