@@ -72,15 +72,11 @@ class ChildPacker:
         p = self.p
         z = sum(p.work_s[s] for s in self.members) / self.size
         m = ceil_div(sum(p.tokens[s] for s in self.members), self.size)
+        choices = p.single_choices(self.size)
         for s in self.members:
-            options = [
-                (self.child_s(k, p.sparse_s[s], p.tokens[s]), ceil_div(p.tokens[s], k))
-                for k in self.sizes
-                if p.tokens[s] <= p.capacity(k)
-            ]
-            if not options:
+            t, n = choices[s]
+            if math.isinf(t):
                 return math.inf, m
-            t, n = min(options)
             z, m = max(z, t), max(m, n)
         return z, m
 

@@ -51,21 +51,34 @@ class Problem:
 
     def single_bounds(self, size: int) -> tuple[float, ...]:
         """Per sample: least sparse-layer time alone in a node-local child of a parent of
-        ``size`` ranks; ``inf`` where no child can hold it (that parent stays unrepacked).
-        Memoised per size: every planner stage asks for the same few sizes."""
+        ``size`` ranks; ``inf`` where no child can hold it (that parent stays unrepacked)."""
+        cache = self._bound_cache
+        if size not in cache:
+            cache[size] = tuple(t for t, _ in self.single_choices(size))
+        return cache[size]
+
+    @cached_property
+    def _bound_cache(self) -> dict[int, tuple[float, ...]]:
+        return {}
+
+    def single_choices(self, size: int) -> tuple[tuple[float, int], ...]:
+        """Per sample: ``(time, tokens on its busiest rank)`` in the child that
+        ``single_bounds`` picks (``(inf, 0)`` if none). Memoised per size: every planner stage
+        asks for the same few sizes."""
         cache = self._single_cache
         if size not in cache:
             cache[size] = tuple(self._single(s, size) for s in range(self.num_samples))
         return cache[size]
 
     @cached_property
-    def _single_cache(self) -> dict[int, tuple[float, ...]]:
+    def _single_cache(self) -> dict[int, tuple[tuple[float, int], ...]]:
         return {}
 
-    def _single(self, sample: int, size: int) -> float:
+    def _single(self, sample: int, size: int) -> tuple[float, int]:
         length, sparse = self.tokens[sample], self.sparse_s[sample]
-        best = math.inf
+        best: tuple[float, int] = (math.inf, 0)
         for k in self.child_sizes:
             if k <= size and length <= self.capacity(k):
-                best = min(best, child_layer_seconds(self.cost, k, sparse, length))
+                t = child_layer_seconds(self.cost, k, sparse, length)
+                best = min(best, (t, -(-length // k)))
         return best
