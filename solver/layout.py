@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from solver.cost_model import (
     CostModel,
     SampleCosts,
-    ceil_div,
     inter_node_bytes,
     parent_seconds,
 )
@@ -110,7 +109,3 @@ def evaluate(layout: Layout, cost: CostModel, costs: SampleCosts) -> LayoutEval:
         inter_node_bytes=inter,
         imbalance=step / mean - 1.0 if mean > 0 else 0.0,
     )
-
-
-def max_rank_tokens(child_tokens: int, size: int) -> int:
-    return ceil_div(child_tokens, size)
