@@ -5,7 +5,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint typecheck pytest venv clean
+# The storage tests run against this PostgreSQL (trust auth); override to use another.
+export REPACK_TEST_POSTGRES_URL ?= postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+.PHONY: run test lint typecheck pytest venv services clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +31,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+services:
+	bash scripts/ensure-test-services.sh
+
+pytest: $(STAMP) services
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest

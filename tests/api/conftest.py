@@ -34,7 +34,7 @@ def small_request(job_id: str, step: int, **extra: Any) -> dict[str, Any]:
 def postgres_url() -> str:
     url = os.environ.get(POSTGRES_ENV)
     if not url:
-        pytest.skip(f"{POSTGRES_ENV} is not set (CI sets it; see .ci/run)")
+        pytest.skip(f"{POSTGRES_ENV} is not set (make test sets it; see the Makefile)")
     return url
 
 

@@ -52,7 +52,7 @@ def posted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)")
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (make test does)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
