@@ -23,7 +23,6 @@ from solver.membership import Objective, make_cost_fn
 from solver.problem import Problem
 
 BISECTION_STEPS = 6
-MAX_GROWTHS = 12
 
 
 @dataclass

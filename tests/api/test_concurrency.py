@@ -35,6 +35,22 @@ def post_all(url: str, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
         return list(pool.map(one, bodies))
 
 
+def solve_in_background(
+    server: ServerThread, body: dict[str, Any]
+) -> tuple[threading.Thread, list[httpx.Response]]:
+    """Post ``body`` from a thread and return once its solve is running in a worker (bounded
+    wait); the thread appends the answer to the returned list."""
+    result: list[httpx.Response] = []
+    poster = threading.Thread(
+        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
+    )
+    poster.start()
+    for _ in range(2000):
+        if metric_value(exposition(server), "repack_solver_pending") == 1:
+            break
+    return poster, result
+
+
 def exposition(server: ServerThread) -> str:
     return httpx.get(f"{server.url}/metrics", timeout=30).text
 
@@ -83,14 +99,7 @@ def test_full_queue_answers_429_with_retry_after(
 def test_event_loop_answers_while_solving(sqlite_url: str, start_server: ServerFactory) -> None:
     server = start_server(sqlite_url, solver_workers=1)
     body = {**LONG_STEP, "job_id": "loop", "step": 0}
-    result: list[httpx.Response] = []
-    poster = threading.Thread(
-        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
-    )
-    poster.start()
-    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
-        if metric_value(exposition(server), "repack_solver_pending") == 1:
-            break
+    poster, result = solve_in_background(server, body)
     health = httpx.get(f"{server.url}/healthz", timeout=30)
     jobs = httpx.get(f"{server.url}/v1/jobs", timeout=30)
     still_solving = poster.is_alive()
@@ -107,14 +116,7 @@ def test_a_killed_worker_gives_503_and_the_pool_recovers(
     server = start_server(sqlite_url, solver_workers=1)
     pool = server.server.config.app.state.service.pool
     body = {**LONG_STEP, "job_id": "crash", "step": 0}
-    result: list[httpx.Response] = []
-    poster = threading.Thread(
-        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
-    )
-    poster.start()
-    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
-        if metric_value(exposition(server), "repack_solver_pending") == 1:
-            break
+    poster, result = solve_in_background(server, body)
     for pid in list(pool._executor._processes):
         os.kill(pid, signal.SIGKILL)
     poster.join()
@@ -131,14 +133,7 @@ def test_a_request_that_cannot_start_in_time_gets_429_at_once(
 ) -> None:
     server = start_server(sqlite_url, solver_workers=1)
     body = {**LONG_STEP, "job_id": "wait", "step": 0}
-    result: list[httpx.Response] = []
-    poster = threading.Thread(
-        target=lambda: result.append(httpx.post(f"{server.url}/v1/plans", json=body, timeout=120))
-    )
-    poster.start()
-    for _ in range(2000):  # wait (bounded) until the solve is running in a worker
-        if metric_value(exposition(server), "repack_solver_pending") == 1:
-            break
+    poster, result = solve_in_background(server, body)
     small = {"cluster": {"nodes": 1}, "lengths": [100, 200]}
     hopeless = httpx.post(f"{server.url}/v1/plans", json={**small, "deadline_ms": 1}, timeout=60)
     still_solving = poster.is_alive()
