@@ -1,0 +1,415 @@
+"""``RepackDataIterator``: wrap each rank's data iterator so the loop gets repacked batches.
+
+The shape of Megatron's ``HybridCPDataLoaderWrapper``, with the plan from the repack service:
+
+1. every rank of the repack domain pulls its own packed batch (``LocalSamples``) from the
+   user's iterable;
+2. the sample lengths are all-gathered over the domain; the request carries the upstream
+   membership (``parent_of``: a sample belongs to the upstream parent of the rank that pulled
+   it, ``RepackLoaderConfig.parent_sizes``);
+3. the plan is requested ``prefetch_depth`` steps ahead (the HTTP runs while earlier steps
+   train) and agreed on by every rank (``fetch_agreed_plan``: broadcast + layout digest);
+4. one all-to-all of token rows (ids, plus labels if given) moves every sample to its planned
+   ranks (``reroute``);
+5. it yields a ``RepackBatch``: rank-local tokens, labels, position ids and ``PackedSeqParams``
+   (device int32 ``cu_seqlens``, host ``max_seqlen``) for the full and the sparse layers, and
+   the step's ``RepackComm``.
+
+All control traffic (lengths, plan, digest, token ids) runs over ``control_group``, a CPU
+(gloo) group over the domain's ranks that the training collectives never use. That is what
+lets ``background=True`` run steps 1-4 on a helper thread while the model trains: the critical
+path of ``next()`` is then a queue hand-off and the host-to-device copies. With
+``background=False`` the same steps run inline in ``next()`` (only the HTTP is overlapped).
+
+Checkpointing (``Stateful``): ``state_dict()`` holds the next step to yield and, when the
+user's iterable is stateful itself, *its* state from just before that step's batch was pulled
+(the wrapper reads ahead, so the iterable's current state would skip batches).
+``load_state_dict`` before iterating resumes there: the same ``(job_id, step)`` keys are asked
+for again, and the service (idempotency) or the deterministic fallback planner returns the
+same layouts.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from runtime_client.all_to_all import RepackComm
+from runtime_client.groups import RepackGroups
+from runtime_client.local_layout import LocalLayout
+from runtime_client.packed_seq import PackedSeqParams
+from runtime_client.plan_client import PlanClient, fetch_agreed_plan
+from runtime_client.reroute import gather_lengths, reroute_plan, reroute_rows, upstream_parent_of
+from solver.schema import ClusterSpec, Mode, ModelSpec, Plan, PlanRequest
+
+
+@dataclass(kw_only=True, frozen=True)
+class LocalSamples:
+    """What the user's iterable yields on each rank: its own samples, packed."""
+
+    tokens_T: torch.Tensor
+    """Token ids of the samples, concatenated (int64 ``[T]``, host)."""
+
+    lengths: tuple[int, ...]
+    """Tokens per sample, in order; ``sum(lengths) == T``."""
+
+    labels_T: torch.Tensor | None = None
+    """Per-token labels moved with the tokens (e.g. next-token targets), same shape."""
+
+    def __post_init__(self) -> None:
+        if self.tokens_T.dim() != 1 or self.tokens_T.shape[0] != sum(self.lengths):
+            got = tuple(self.tokens_T.shape)
+            raise ValueError(f"Expected tokens_T of shape [{sum(self.lengths)}], got {got}.")
+        if self.labels_T is not None and self.labels_T.shape != self.tokens_T.shape:
+            raise ValueError(f"Expected labels_T of shape {tuple(self.tokens_T.shape)}.")
+        if any(n < 1 for n in self.lengths):
+            raise ValueError(f"Expected every sample length >= 1, got {self.lengths}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class RepackLoaderConfig:
+    """How to ask for plans and how far ahead."""
+
+    job_id: str
+    """Idempotency key prefix: the plan of step s is ``(job_id, s)``; keep it across restarts."""
+
+    cluster: ClusterSpec
+    """The repack domain as the planner sees it (``world_size`` = the domain's ranks)."""
+
+    model: ModelSpec
+    """The model's attention shape and layer pattern."""
+
+    parent_sizes: tuple[int, ...] | None = None
+    """Upstream parents over the domain's ranks (rank order); None = one parent of the domain."""
+
+    mode: Mode = "repack+parent"
+    """Planner mode; ``repack`` keeps the upstream membership, ``repack+parent`` may move it."""
+
+    deadline_ms: int | None = None
+    """Planner budget per step; None = the service's default."""
+
+    prefetch_depth: int = 2
+    """Steps ahead whose plan is requested while the current one trains (0 = on demand)."""
+
+    background: bool = True
+    """Prepare the next step (lengths, plan, agreement, token all-to-all) on a helper thread."""
+
+    strategy: Literal["broadcast", "verify"] = "broadcast"
+    """``fetch_agreed_plan`` strategy: one request per step (broadcast) or one per rank."""
+
+    src: int = 0
+    """Domain rank that asks the service under ``broadcast``."""
+
+    def __post_init__(self) -> None:
+        if self.prefetch_depth < 0:
+            raise ValueError(f"Expected prefetch_depth >= 0, got {self.prefetch_depth}.")
+        sizes = self.parent_sizes or (self.cluster.world_size,)
+        if sum(sizes) != self.cluster.world_size:
+            raise ValueError(
+                f"Expected parent_sizes summing to {self.cluster.world_size}, got {sizes}."
+            )
+
+    def request(self, step: int, per_rank: list[list[int]]) -> PlanRequest:
+        """The step's request: every rank's lengths (rank order) and their upstream parents."""
+        sizes = list(self.parent_sizes or (self.cluster.world_size,))
+        return PlanRequest(
+            job_id=self.job_id,
+            step=step,
+            cluster=self.cluster,
+            model=self.model,
+            lengths=[n for lengths in per_rank for n in lengths],
+            parent_sizes=sizes,
+            parent_of=upstream_parent_of(per_rank, sizes),
+            mode=self.mode,
+            deadline_ms=self.deadline_ms,
+        )
+
+
+@dataclass(frozen=True)
+class RepackBatch:
+    """One step for this rank, in its planned layout (tensors on the target device)."""
+
+    step: int
+    tokens_N: torch.Tensor
+    """This rank's token ids in its child layout (``layout.n_local`` of them)."""
+
+    labels_N: torch.Tensor | None
+    """Their labels, if the iterable gave labels."""
+
+    position_ids_N: torch.Tensor
+    """Position of each token inside its sample (rotary embeddings)."""
+
+    full: PackedSeqParams
+    """Parent packed sequence after ``comm.to_full`` (full-attention layers)."""
+
+    sparse: PackedSeqParams
+    """Child packed sequence after ``comm.child_to_heads`` (sparse layers)."""
+
+    comm: RepackComm
+    """The step's exchanges for the attention layers."""
+
+    plan: Plan
+    source: str
+    """Where the plan came from on this rank: service, fallback, or broadcast (from ``src``)."""
+
+    fetch_seconds: float
+    """Time from asking for the plan to having it, on this rank (mostly hidden by prefetch)."""
+
+    total_tokens: int
+    """Tokens in the step over the whole domain (normalise a summed loss by this)."""
+
+    @property
+    def layout(self) -> LocalLayout:
+        return self.comm.layout
+
+
+@dataclass(frozen=True)
+class _Announced:
+    step: int
+    samples: LocalSamples
+    per_rank: list[list[int]]
+    request: PlanRequest
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A step ready on the host; ``RepackDataIterator`` finishes it on the device."""
+
+    step: int
+    layout: LocalLayout
+    rows_NC: torch.Tensor
+    plan: Plan
+    source: str
+    fetch_seconds: float
+
+
+class _End:
+    """The iterable is exhausted on some rank; every rank stops at the same step."""
+
+
+class RepackDataIterator(Iterator[RepackBatch]):
+    """Stateful iterator of repacked batches (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: Iterable[LocalSamples],
+        config: RepackLoaderConfig,
+        groups: RepackGroups,
+        client: PlanClient | None,
+        *,
+        control_group: dist.ProcessGroup | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        """``client``: needed on ``config.src`` (broadcast) or every rank (verify), else None.
+        ``control_group``: a gloo group over the domain's ranks, used by nothing else (the helper
+        thread's collectives must not interleave with training's); None = a new gloo group over
+        the whole world, created here (collective: every rank constructs its iterator)."""
+        self.config, self.groups, self.client = config, groups, client
+        if control_group is None:
+            control_group = dist.new_group(backend="gloo")
+        self.control_group = control_group
+        self.device = torch.device(device)
+        self._source = source
+        self.rank = dist.get_rank(control_group)
+        self.world = dist.get_world_size(control_group)
+        if self.world != config.cluster.world_size:
+            raise ValueError(
+                f"Expected a domain of {config.cluster.world_size} ranks, "
+                f"the control group has {self.world}."
+            )
+        self._src_global = dist.get_global_rank(control_group, config.src)
+        self._next_step = 0  # the next step next() yields
+        self._iter: Iterator[LocalSamples] | None = None
+        self._announced: deque[_Announced] = deque()
+        self._source_states: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Prepared | _End | BaseException] = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ended = False
+
+    # -- Stateful ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume point: the next step to yield and the iterable's state before its batch."""
+        with self._lock:
+            source = self._source_states.get(self._next_step)
+        if source is None and self._iter is None:
+            source = _source_state(self._source)
+        return {"job_id": self.config.job_id, "step": self._next_step, "source": source}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["step"]``; call before the first ``next()``."""
+        if self._iter is not None:
+            raise RuntimeError("load_state_dict must be called before iterating")
+        if state["job_id"] != self.config.job_id:
+            raise ValueError(
+                f"checkpoint is for job {state['job_id']!r}, this iterator is for "
+                f"{self.config.job_id!r}: the plans of a different job id would differ"
+            )
+        self._next_step = int(state["step"])
+        if state.get("source") is not None:
+            load = getattr(self._source, "load_state_dict", None)
+            if load is None:
+                raise ValueError("checkpoint holds an iterable state, the iterable has none")
+            load(state["source"])
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self) -> RepackDataIterator:
+        return self
+
+    def __next__(self) -> RepackBatch:
+        if self._ended:
+            raise StopIteration
+        self._start()
+        # Background: a queue hand-off; inline: the step's collectives run here.
+        item = self._queue.get() if self.config.background else self._prepare_next()
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        if isinstance(item, _End):
+            self._ended = True
+            raise StopIteration
+        batch = self._to_device(item)
+        with self._lock:
+            self._next_step = item.step + 1
+            for step in [s for s in self._source_states if s <= item.step]:
+                del self._source_states[step]
+        return batch
+
+    def close(self) -> None:
+        """Stop the helper thread (it finishes the step it is on, which every rank also
+        reaches, so no peer is left inside a collective) and the client's prefetches."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._ended = True
+
+    def __enter__(self) -> RepackDataIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        if self._iter is not None:
+            return
+        self._iter = iter(self._source)
+        self._pull_step = self._next_step
+        if self.config.background:
+            self._thread = threading.Thread(target=self._run, name="repack-data", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        """Helper thread: prepare steps in order, one ahead of the consumer.
+
+        It only stops while waiting to hand a step over (queue full), never between steps:
+        with the same number of steps consumed, every rank's thread has then run the same
+        collectives, so stopping leaves no peer waiting.
+        """
+        while True:
+            try:
+                item: _Prepared | _End | BaseException = self._prepare_next()
+            except BaseException as exc:  # handed to the consumer, raised from next()
+                item = exc
+            while True:
+                try:
+                    self._queue.put(item, timeout=0.05)
+                    break
+                except queue.Full:
+                    if self._stop.is_set():
+                        return
+            if not isinstance(item, _Prepared):
+                return
+
+    def _prepare_next(self) -> _Prepared | _End:
+        """Announce up to ``prefetch_depth`` steps ahead, then resolve the oldest one."""
+        while len(self._announced) <= self.config.prefetch_depth:
+            announced = self._announce(self._pull_step)
+            if announced is None:
+                break
+            self._announced.append(announced)
+            self._pull_step += 1
+        if not self._announced:
+            return _End()
+        return self._resolve(self._announced.popleft())
+
+    def _announce(self, step: int) -> _Announced | None:
+        """Pull this rank's batch, all-gather lengths, start the plan request (collective)."""
+        assert self._iter is not None
+        state = _source_state(self._source)
+        samples = next(self._iter, None)
+        per_rank = gather_lengths(
+            None if samples is None else list(samples.lengths), self.control_group
+        )
+        if per_rank is None or samples is None:
+            return None
+        with self._lock:
+            self._source_states[step] = state
+        request = self.config.request(step, per_rank)
+        if self.client is not None:
+            self.client.prefetch(request)  # HTTP in the client's pool while earlier steps train
+        return _Announced(step, samples, per_rank, request)
+
+    def _resolve(self, announced: _Announced) -> _Prepared:
+        """Agree on the plan, then move the tokens to their planned ranks (collective)."""
+        fetched = fetch_agreed_plan(
+            self.client,
+            announced.request,
+            strategy=self.config.strategy,
+            src=self._src_global,
+            group=self.control_group,
+        )
+        plan = fetched.plan
+        layout = LocalLayout.from_plan(plan, self.rank)
+        samples = announced.samples
+        rows_TC = samples.tokens_T.unsqueeze(1)
+        if samples.labels_T is not None:
+            rows_TC = torch.stack([samples.tokens_T, samples.labels_T], dim=1)
+        route = reroute_plan(plan, self.rank, [sum(n) for n in announced.per_rank])
+        rows_NC = reroute_rows(rows_TC, route, self.control_group)
+        return _Prepared(announced.step, layout, rows_NC, plan, fetched.source, fetched.seconds)
+
+    def _to_device(self, item: _Prepared) -> RepackBatch:
+        """Host-to-device copies and the step's comm: the only work left on the critical path."""
+        layout, dev = item.layout, self.device
+        rows_NC = item.rows_NC.to(dev, non_blocking=True)
+        comm = RepackComm(layout, self.groups)
+        return RepackBatch(
+            step=item.step,
+            tokens_N=rows_NC[:, 0],
+            labels_N=rows_NC[:, 1] if rows_NC.shape[1] > 1 else None,
+            position_ids_N=layout.position_ids_N.to(dev, non_blocking=True),
+            full=PackedSeqParams.from_cu_seqlens(
+                layout.cu_seqlens_full,
+                dev,
+                group=comm.parent_group,
+                group_size=layout.parent_ranks[1] - layout.parent_ranks[0],
+            ),
+            sparse=PackedSeqParams.from_cu_seqlens(
+                layout.cu_seqlens_sparse,
+                dev,
+                group=comm.child_group,
+                group_size=layout.child_ranks[1] - layout.child_ranks[0],
+            ),
+            comm=comm,
+            plan=item.plan,
+            source=item.source,
+            fetch_seconds=item.fetch_seconds,
+            total_tokens=layout.total_tokens,
+        )
+
+
+def _source_state(source: object) -> Any:
+    """A copy of the iterable's checkpoint state, or None if it keeps none."""
+    state_dict = getattr(source, "state_dict", None)
+    return copy.deepcopy(state_dict()) if callable(state_dict) else None
