@@ -42,7 +42,7 @@ def gather_lengths(
     world = dist.get_world_size(group)
     count = END_OF_DATA if lengths is None else len(lengths)
     counts_W = torch.empty(world, dtype=torch.int64)
-    dist.all_gather_into_tensor(counts_W, torch.tensor([count], dtype=torch.int64), group=group)
+    dist.all_gather_single(counts_W, torch.tensor([count], dtype=torch.int64), group=group)
     counts = counts_W.tolist()
     if END_OF_DATA in counts:
         return None
@@ -51,7 +51,7 @@ def gather_lengths(
     mine_L[:count] = torch.tensor(lengths or [], dtype=torch.int64)
     all_WL = torch.empty(world * width, dtype=torch.int64)
     if width:
-        dist.all_gather_into_tensor(all_WL, mine_L, group=group)
+        dist.all_gather_single(all_WL, mine_L, group=group)
     rows = all_WL.view(world, width).tolist()
     return [row[:n] for row, n in zip(rows, counts, strict=True)]
 
