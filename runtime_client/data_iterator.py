@@ -210,11 +210,12 @@ class RepackDataIterator(Iterator[RepackBatch]):
     ) -> None:
         """``client``: needed on ``config.src`` (broadcast) or every rank (verify), else None.
         ``control_group``: a gloo group over the domain's ranks, used by nothing else (the helper
-        thread's collectives must not interleave with training's); None = a new gloo group over
-        the whole world, created here (collective: every rank constructs its iterator)."""
+        thread's collectives must not interleave with training's); None = ``control_group_for``
+        the groups' domain, created here (collective over the world: every rank of every
+        replica constructs its iterator at the same point)."""
         self.config, self.groups, self.client = config, groups, client
         if control_group is None:
-            control_group = dist.new_group(backend="gloo")
+            control_group = control_group_for(getattr(groups, "domain", None))
         self.control_group = control_group
         self.device = torch.device(device)
         self._source = source
@@ -407,6 +408,23 @@ class RepackDataIterator(Iterator[RepackBatch]):
             fetch_seconds=item.fetch_seconds,
             total_tokens=layout.total_tokens,
         )
+
+
+def control_group_for(domain: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """A new gloo group over the ranks of ``domain`` (None = the world) for the iterator's
+    host-side traffic, whatever the training backend is (NCCL moves only device tensors).
+
+    Collective over the world: the domains of all replicas are all-gathered and created in one
+    sorted order (``new_subgroups_by_enumeration``), so every rank makes the same calls.
+    """
+    if domain is None or domain == dist.group.WORLD:
+        return dist.new_group(backend="gloo")
+    everyone: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, dist.get_process_group_ranks(domain))
+    domains = sorted({tuple(ranks) for ranks in everyone if ranks is not None})
+    group, _ = dist.new_subgroups_by_enumeration([list(d) for d in domains], backend="gloo")
+    assert group is not None  # this rank is in its own domain
+    return group
 
 
 def _source_state(source: object) -> Any:
