@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from rt_plans import hand_plan
 
+from runtime_client.agreement import agreed_layout
 from runtime_client.all_to_all import RepackComm
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
@@ -91,3 +92,22 @@ def test_the_corrupt_row_is_seen_from_every_rank() -> None:
     for rank in range(WORLD):
         with pytest.raises(PlanLayoutError, match=f"rank {BAD_RANK}: plan split sizes"):
             LocalLayout.from_plan(plan, rank)
+
+
+def _flag_worker(rank: int, world: int, good: Plan, bad: Plan) -> str:
+    # Only rank 3 holds the corrupt copy (no digest check here): it alone can see the error.
+    try:
+        agreed_layout(bad if rank == 3 else good)
+    except PlanLayoutError as exc:
+        return str(exc)
+    return "accepted"
+
+
+@pytest.mark.slow
+def test_a_layout_error_seen_by_one_rank_raises_on_all() -> None:
+    good = hand_plan([20, 9, 30, 4], [[(2, [0, 1]), (1, [2]), (1, [3])]], gpus_per_node=4)
+    data = good.model_dump(mode="json")
+    data["all_to_all"]["to_child"]["input_split_sizes"][1][0] += 1
+    results = run_local_ranks(_flag_worker, 4, good, Plan.model_validate(data), timeout_s=60)
+    assert "rank 1: plan split sizes" in results[3]
+    assert results[:3] == ["another rank of the domain refused the plan's layout"] * 3
