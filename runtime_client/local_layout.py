@@ -3,7 +3,9 @@
 Everything here is recomputed from the plan's parents and children with the packing rule
 (design section 3, rule 3) and checked against the plan's own ``tokens``, ``cu_seqlens`` and
 ``all_to_all`` fields: a plan whose fields disagree with its layout fails here, on every rank,
-before any collective could deadlock on mismatched split sizes.
+before any collective could deadlock on mismatched split sizes: every rank checks the whole
+plan (all ranks' split-size rows), not only its own row, so all ranks refuse a bad plan
+together (the plan itself is the same everywhere: see ``agreement.agree_on_plan``).
 
 Conventions:
 
@@ -173,7 +175,9 @@ class LocalLayout:
         p_start, p_end = parent.ranks
         owned = plan.tokens[p_start:p_end]
         to_full = sequence_to_heads_site((p_start, p_end), owned, rank - p_start)
-        _check_splits(plan, rank, to_full)
+        # Every rank's rows, not only this one: a row that is wrong for rank r must stop all
+        # ranks here, or r's peers enter the all-to-all and wait for the group timeout.
+        _check_all_splits(plan)
         c_start, c_end = child.ranks
         child_cu = cumulative([lengths[s] for s in child.samples])
         child_owned = split_tokens(child_cu[-1], c_end - c_start)
@@ -231,14 +235,29 @@ def _check_tiling(plan: Plan, children: list[ChildOut], lengths: list[int], worl
         raise PlanLayoutError(f"parents cover {at} ranks, the plan has {world}")
 
 
+def _check_all_splits(plan: Plan) -> None:
+    """Every rank's split-size rows follow its parent's layout (the same check on every rank)."""
+    full, back = plan.all_to_all.to_full, plan.all_to_all.to_child
+    tables = (full.input_split_sizes, full.output_split_sizes, back.input_split_sizes)
+    if any(len(t) != len(plan.tokens) for t in (*tables, back.output_split_sizes)):
+        raise PlanLayoutError(f"split-size tables need one row per rank ({len(plan.tokens)})")
+    for parent in plan.parents:
+        start, end = parent.ranks
+        owned = plan.tokens[start:end]
+        for rank in range(start, end):
+            site = sequence_to_heads_site((start, end), owned, rank - start)
+            _check_splits(plan, rank, site)
+
+
 def _check_splits(plan: Plan, rank: int, site: GroupSite) -> None:
     full, back = plan.all_to_all.to_full, plan.all_to_all.to_child
-    got = (
-        tuple(full.input_split_sizes[rank]),
-        tuple(full.output_split_sizes[rank]),
-        tuple(back.input_split_sizes[rank]),
-        tuple(back.output_split_sizes[rank]),
+    rows = (
+        full.input_split_sizes,
+        full.output_split_sizes,
+        back.input_split_sizes,
+        back.output_split_sizes,
     )
+    got = tuple(tuple(r[rank]) for r in rows)
     want = (
         site.input_split_sizes,
         site.output_split_sizes,
