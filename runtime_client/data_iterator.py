@@ -42,11 +42,12 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from runtime_client.agreement import agreed_layout, fetch_agreed_plan
 from runtime_client.all_to_all import RepackComm
 from runtime_client.groups import RepackGroups
 from runtime_client.local_layout import LocalLayout
 from runtime_client.packed_seq import PackedSeqParams
-from runtime_client.plan_client import PlanClient, fetch_agreed_plan
+from runtime_client.plan_client import PlanClient
 from runtime_client.reroute import gather_lengths, reroute_plan, reroute_rows, upstream_parent_of
 from solver.schema import ClusterSpec, Mode, ModelSpec, Plan, PlanRequest
 
@@ -215,7 +216,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
         replica constructs its iterator at the same point)."""
         self.config, self.groups, self.client = config, groups, client
         if control_group is None:
-            control_group = control_group_for(getattr(groups, "domain", None))
+            control_group = control_group_for(groups.domain)
         self.control_group = control_group
         self.device = torch.device(device)
         self._source = source
@@ -226,7 +227,6 @@ class RepackDataIterator(Iterator[RepackBatch]):
                 f"Expected a domain of {config.cluster.world_size} ranks, "
                 f"the control group has {self.world}."
             )
-        self._src_global = dist.get_global_rank(control_group, config.src)
         self._next_step = 0  # the next step next() yields
         self._iter: Iterator[LocalSamples] | None = None
         self._announced: deque[_Announced] = deque()
@@ -367,11 +367,11 @@ class RepackDataIterator(Iterator[RepackBatch]):
             self.client,
             announced.request,
             strategy=self.config.strategy,
-            src=self._src_global,
+            src=self.config.src,
             group=self.control_group,
         )
         plan = fetched.plan
-        layout = LocalLayout.from_plan(plan, self.rank)
+        layout = agreed_layout(plan, group=self.control_group)  # refused by all, or by none
         samples = announced.samples
         rows_TC = samples.tokens_T.unsqueeze(1)
         if samples.labels_T is not None:

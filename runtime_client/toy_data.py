@@ -60,15 +60,16 @@ class ToySampleSource:
             yield samples
 
     def parent_lengths(self, step: int, parent: int) -> list[int]:
-        """The upstream parent's sample lengths at ``step`` (long-tailed mix)."""
+        """The upstream parent's sample lengths at ``step``: a long-tailed mix, packed to the
+        parent's budget exactly (the last sample is cut to fit, as packing loaders do)."""
         rng = random.Random(f"{self.seed}/{step}/{parent}")
         lengths: list[int] = []
-        while True:
+        room = self.tokens_per_parent
+        while room > 0:
             n = rng.choice([rng.randint(1, 12), rng.randint(12, 60), rng.randint(60, 400)])
-            n = min(n, self.longest)
-            if sum(lengths) + n > self.tokens_per_parent:
-                return lengths or [min(n, self.tokens_per_parent)]
-            lengths.append(n)
+            lengths.append(min(n, self.longest, room))
+            room -= lengths[-1]
+        return lengths
 
     def samples(self, step: int) -> LocalSamples:
         """This rank's share of its parent's samples at ``step`` (ids and next-token labels)."""

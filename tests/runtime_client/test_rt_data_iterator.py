@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 
 from api.server import ServerThread, free_port
 from api.settings import Settings
@@ -44,9 +45,16 @@ MODEL = ModelSpec(
 )
 
 
-def _source(rank: int, steps: int | None = None) -> ToySampleSource:
+def _source(
+    rank: int, steps: int | None = None, *, seed: int = 0, parent: int = PARENT
+) -> ToySampleSource:
     return ToySampleSource(
-        rank=rank, parent_size=PARENT, tokens_per_parent=380, longest=300, steps=steps
+        rank=rank,
+        parent_size=parent,
+        tokens_per_parent=380 * parent // PARENT,
+        longest=300 * parent // PARENT,
+        steps=steps,
+        seed=seed,
     )
 
 
@@ -73,18 +81,22 @@ def _iterator(
     return RepackDataIterator(_source(rank, steps), config, groups, client)
 
 
-def _global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _global_batch(
+    step: int, *, seed: int = 0, world: int = WORLD
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """What every rank pulled at ``step``, concatenated in rank order (the global batch)."""
-    parts = [_source(r).samples(step) for r in range(WORLD)]
+    parts = [_source(r, seed=seed, parent=world).samples(step) for r in range(world)]
     lengths = [n for p in parts for n in p.lengths]
     tokens = torch.cat([p.tokens_T for p in parts])
     labels = torch.cat([p.labels_T for p in parts if p.labels_T is not None])
     return tokens, labels, lengths
 
 
-def _check_batch(batch: RepackBatch, rank: int) -> dict[str, Any]:
+def _check_batch(
+    batch: RepackBatch, rank: int, *, seed: int = 0, world: int = WORLD
+) -> dict[str, Any]:
     """Everything a rank can check about its batch against the plan, alone."""
-    tokens_T, labels_T, lengths = _global_batch(batch.step)
+    tokens_T, labels_T, lengths = _global_batch(batch.step, seed=seed, world=world)
     layout = batch.layout
     assert batch.tokens_N.tolist() == tokens_T[layout.global_index_N].tolist()
     assert batch.labels_N is not None
@@ -238,3 +250,29 @@ def test_config_refuses_parents_that_do_not_tile_the_domain() -> None:
         RepackLoaderConfig(job_id="j", cluster=CLUSTER, model=MODEL, parent_sizes=(4,))
     with pytest.raises(ValueError, match="prefetch_depth >= 0"):
         _config("j", prefetch_depth=-1)
+
+
+def _mesh_run(rank: int, world: int, url: str) -> dict[str, Any]:
+    """2 replicas x 4 ranks: each replica's iterator over its own domain and its own data."""
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "cp"))
+    groups = RepackGroups.from_mesh(mesh, "cp", GroupConfig(world_size=4, gpus_per_node=4))
+    groups.setup()
+    replica, me = mesh.get_local_rank("dp"), groups.domain_rank
+    cluster = ClusterSpec(nodes=1, gpus_per_node=4, max_tokens_per_rank=64)
+    config = RepackLoaderConfig(
+        job_id=f"mesh-r{replica}", cluster=cluster, model=MODEL, parent_sizes=(4,)
+    )
+    client = _client(url) if me == 0 else None
+    source = _source(me, 3, seed=replica, parent=4)
+    with RepackDataIterator(source, config, groups, client) as it:
+        seen = [_check_batch(b, me, seed=replica, world=4) for b in it]
+    return {"replica": replica, "digests": [s["digest"] for s in seen]}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_each_replica_of_a_mesh_runs_its_own_plans() -> None:
+    results = run_local_ranks(_mesh_run, 8, _closed_port_url())
+    by_replica = {r["replica"]: r["digests"] for r in results}
+    assert [r["digests"] for r in results] == [by_replica[0]] * 4 + [by_replica[1]] * 4
+    assert len(by_replica[0]) == 3 and by_replica[0] != by_replica[1]
