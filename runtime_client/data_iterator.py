@@ -32,6 +32,7 @@ same layouts.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import queue
 import threading
 from collections import deque
@@ -171,6 +172,20 @@ class RepackBatch:
     def layout(self) -> LocalLayout:
         return self.comm.layout
 
+    def to(self, device: torch.device) -> RepackBatch:
+        """The batch with its tensors on ``device`` (non-blocking copies; self if already)."""
+        if self.tokens_N.device == device:
+            return self
+        labels_N = self.labels_N
+        return dataclasses.replace(
+            self,
+            tokens_N=self.tokens_N.to(device, non_blocking=True),
+            labels_N=None if labels_N is None else labels_N.to(device, non_blocking=True),
+            position_ids_N=self.position_ids_N.to(device, non_blocking=True),
+            full=self.full.to(device),
+            sparse=self.sparse.to(device),
+        )
+
 
 @dataclass(frozen=True)
 class _Announced:
@@ -178,18 +193,6 @@ class _Announced:
     samples: LocalSamples
     per_rank: list[list[int]]
     request: PlanRequest
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A step ready on the host; ``RepackDataIterator`` finishes it on the device."""
-
-    step: int
-    layout: LocalLayout
-    rows_NC: torch.Tensor
-    plan: Plan
-    source: str
-    fetch_seconds: float
 
 
 class _End:
@@ -232,7 +235,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
         self._announced: deque[_Announced] = deque()
         self._source_states: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Prepared | _End | BaseException] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[RepackBatch | _End | BaseException] = queue.Queue(maxsize=1)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ended = False
@@ -280,7 +283,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
         if isinstance(item, _End):
             self._ended = True
             raise StopIteration
-        batch = self._to_device(item)
+        batch = item.to(self.device)  # no-op on the CPU; async copies from pinned memory on CUDA
         with self._lock:
             self._next_step = item.step + 1
             for step in [s for s in self._source_states if s <= item.step]:
@@ -319,7 +322,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
         """
         while True:
             try:
-                item: _Prepared | _End | BaseException = self._prepare_next()
+                item: RepackBatch | _End | BaseException = self._prepare_next()
             except BaseException as exc:  # handed to the consumer, raised from next()
                 item = exc
             while True:
@@ -329,10 +332,10 @@ class RepackDataIterator(Iterator[RepackBatch]):
                 except queue.Full:
                     if self._stop.is_set():
                         return
-            if not isinstance(item, _Prepared):
+            if not isinstance(item, RepackBatch):
                 return
 
-    def _prepare_next(self) -> _Prepared | _End:
+    def _prepare_next(self) -> RepackBatch | _End:
         """Announce up to ``prefetch_depth`` steps ahead, then resolve the oldest one."""
         while len(self._announced) <= self.config.prefetch_depth:
             announced = self._announce(self._pull_step)
@@ -361,8 +364,9 @@ class RepackDataIterator(Iterator[RepackBatch]):
             self.client.prefetch(request)  # HTTP in the client's pool while earlier steps train
         return _Announced(step, samples, per_rank, request)
 
-    def _resolve(self, announced: _Announced) -> _Prepared:
-        """Agree on the plan, then move the tokens to their planned ranks (collective)."""
+    def _resolve(self, announced: _Announced) -> RepackBatch:
+        """Agree on the plan, then move the tokens to their planned ranks (collective); the
+        whole batch is built here, on the host, off the critical path."""
         fetched = fetch_agreed_plan(
             self.client,
             announced.request,
@@ -378,34 +382,31 @@ class RepackDataIterator(Iterator[RepackBatch]):
             rows_TC = torch.stack([samples.tokens_T, samples.labels_T], dim=1)
         route = reroute_plan(plan, self.rank, [sum(n) for n in announced.per_rank])
         rows_NC = reroute_rows(rows_TC, route, self.control_group)
-        return _Prepared(announced.step, layout, rows_NC, plan, fetched.source, fetched.seconds)
-
-    def _to_device(self, item: _Prepared) -> RepackBatch:
-        """Host-to-device copies and the step's comm: the only work left on the critical path."""
-        layout, dev = item.layout, self.device
-        rows_NC = item.rows_NC.to(dev, non_blocking=True)
+        positions_N = layout.position_ids_N
+        if self.device.type == "cuda":  # page-locked: the copies in next() can be async
+            rows_NC, positions_N = rows_NC.pin_memory(), positions_N.pin_memory()
         comm = RepackComm(layout, self.groups)
         return RepackBatch(
-            step=item.step,
+            step=announced.step,
             tokens_N=rows_NC[:, 0],
             labels_N=rows_NC[:, 1] if rows_NC.shape[1] > 1 else None,
-            position_ids_N=layout.position_ids_N.to(dev, non_blocking=True),
+            position_ids_N=positions_N,
             full=PackedSeqParams.from_cu_seqlens(
                 layout.cu_seqlens_full,
-                dev,
                 group=comm.parent_group,
                 group_size=layout.parent_ranks[1] - layout.parent_ranks[0],
+                pin=self.device.type == "cuda",
             ),
             sparse=PackedSeqParams.from_cu_seqlens(
                 layout.cu_seqlens_sparse,
-                dev,
                 group=comm.child_group,
                 group_size=layout.child_ranks[1] - layout.child_ranks[0],
+                pin=self.device.type == "cuda",
             ),
             comm=comm,
-            plan=item.plan,
-            source=item.source,
-            fetch_seconds=item.fetch_seconds,
+            plan=plan,
+            source=fetched.source,
+            fetch_seconds=fetched.seconds,
             total_tokens=layout.total_tokens,
         )
 

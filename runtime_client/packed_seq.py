@@ -31,6 +31,7 @@ built once by the data iterator and shared by every layer of that kind.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,18 +91,20 @@ class PackedSeqParams:
         *,
         group: dist.ProcessGroup | None = None,
         group_size: int = 1,
+        pin: bool = False,
     ) -> PackedSeqParams:
         """Self-attention params from host boundaries ``[0, l0, l0 + l1, ...]``.
 
-        One host-to-device copy (non-blocking from pinned memory on CUDA); ``max_seqlen`` is
-        computed on the host, so nothing ever reads the device tensor back.
+        One host-to-device copy (non-blocking from pinned memory on CUDA; ``pin`` page-locks a
+        host result for a later ``to(device)``); ``max_seqlen`` is computed on the host, so
+        nothing ever reads the device tensor back.
         """
         lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
         if any(n < 0 for n in lengths) or (cu_seqlens and cu_seqlens[0] != 0):
             raise ValueError(f"Expected cu_seqlens to start at 0 and not decrease: {cu_seqlens}.")
         host = torch.tensor(list(cu_seqlens) or [0], dtype=torch.int32)
         target = torch.device(device)
-        if target.type == "cuda":
+        if target.type == "cuda" or pin:
             host = host.pin_memory()
         cu = host.to(target, non_blocking=True)
         longest = max(lengths, default=0)
@@ -114,6 +117,13 @@ class PackedSeqParams:
             local_cp_size=group_size,
             cp_group=group,
         )
+
+    def to(self, device: torch.device) -> PackedSeqParams:
+        """The same boundaries on ``device`` (one non-blocking copy; self if already there)."""
+        if self.cu_seqlens_q.device == device:
+            return self
+        cu = self.cu_seqlens_q.to(device, non_blocking=True)
+        return dataclasses.replace(self, cu_seqlens_q=cu, cu_seqlens_kv=cu)
 
     def megatron_kwargs(self) -> dict[str, Any]:
         """The fields as keyword arguments for ``megatron.core.packed_seq_params.PackedSeqParams``
