@@ -23,7 +23,12 @@ from runtime_client.data_iterator import RepackBatch, RepackDataIterator, Repack
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
 from runtime_client.local_layout import LocalLayout
-from runtime_client.plan_client import PlanClient, PlanClientConfig, layout_digest
+from runtime_client.plan_client import (
+    PlanClient,
+    PlanClientConfig,
+    PlanServiceError,
+    layout_digest,
+)
 from runtime_client.reroute import rank_token_positions
 from runtime_client.toy_data import ToySampleSource
 from runtime_client.toy_model import ToyConfig, ToyModel, VarlenRepackAttention, reference_forward
@@ -276,3 +281,32 @@ def test_each_replica_of_a_mesh_runs_its_own_plans() -> None:
     by_replica = {r["replica"]: r["digests"] for r in results}
     assert [r["digests"] for r in results] == [by_replica[0]] * 4 + [by_replica[1]] * 4
     assert len(by_replica[0]) == 3 and by_replica[0] != by_replica[1]
+
+
+def _failing_and_short(rank: int, world: int, url: str) -> dict[str, str]:
+    """No service and no fallback: every rank's next() raises; then a rank whose data ends
+    first stops every rank at the same step."""
+    groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=GPUS)).setup()
+    config = _config("it-fail", background=True, prefetch_depth=1)
+    client = None
+    if rank == 0:
+        client = PlanClient(PlanClientConfig(service_url=url, retries=0, fallback=False))
+    with RepackDataIterator(_source(rank), config, groups, client) as it:
+        try:
+            next(it)
+            failed = "no error"
+        except PlanServiceError as exc:
+            failed = type(exc).__name__
+    client = _client(url) if rank == 0 else None
+    short = _source(rank, steps=1 if rank == 3 else 4)
+    with RepackDataIterator(short, _config("it-short"), groups, client) as it:
+        steps = [batch.step for batch in it]
+    return {"failed": failed, "steps": str(steps)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_errors_and_the_end_of_data_reach_every_rank() -> None:
+    results = run_local_ranks(_failing_and_short, WORLD, _closed_port_url(), timeout_s=200)
+    assert [r["failed"] for r in results] == ["PlanServiceError"] * WORLD
+    assert [r["steps"] for r in results] == ["[0]"] * WORLD
