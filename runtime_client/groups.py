@@ -132,6 +132,19 @@ def communicator_blocks(config: GroupConfig) -> list[Block]:
     return [b for b in candidate_blocks(config) if 1 < b[1] - b[0] < config.world_size]
 
 
+def communicators_per_rank(config: GroupConfig) -> list[int]:
+    """How many communicators each domain rank is a member of (the domain's own not counted).
+
+    What a rank pays for: with NCCL every communicator holds its own buffers unless it was
+    split from its parent with shared resources (``docs/runtime.md`` has the estimate).
+    """
+    counts = [0] * config.world_size
+    for start, end in communicator_blocks(config):
+        for rank in range(start, end):
+            counts[rank] += 1
+    return counts
+
+
 def split_partitions(config: GroupConfig) -> list[list[Block]]:
     """``communicator_blocks`` as disjoint sets, one ``split_group`` call each, in a fixed order.
 
