@@ -199,12 +199,14 @@ def init_distributed(
     _bound_device = device
     if dist.is_initialized():
         return device
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(
-        backend=backend or ("nccl" if device.type == "cuda" else "gloo"),
+        backend=backend,
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        # device_id: NCCL creates the world communicator now and may split it later.
+        device_id=device if backend == "nccl" and device.type == "cuda" else None,
     )
     return device
 
