@@ -254,8 +254,12 @@ def fused_sequence_to_heads(
     kv_local = kv_heads_per_rank(k_NKD.shape[1], p)
     if n * p != sum(site.input_split_sizes):
         raise ValueError(f"Expected {sum(site.input_split_sizes) // p} tokens, got {n}.")
-    if group is None:  # single-rank group: no exchange, and no copy
+    if group is None and n > 0:  # single-rank group: no exchange, and no copy
         return PendingExchange((q_NHD, k_NKD, v_NKD))
+    if group is None:
+        # No tokens: the outputs must still depend on Q, K *and* V (empty attention only ties
+        # its output to Q), or their weights get no gradient here but one on other ranks.
+        return PendingExchange(sequence_to_heads(q_NHD, k_NKD, v_NKD, site, group))
     pending = PendingExchange(())
     recv_TCD = FusedSequenceToHeads.apply(
         q_NHD, k_NKD, v_NKD, site, group, buffers, [pending] if async_op else []
