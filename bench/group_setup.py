@@ -1,6 +1,6 @@
 """Cost of creating (and warming) every candidate process group, and how many a rank is in.
 
-    .venv/bin/python bench/group_setup.py [--worlds 16 32 64] [--creation local world]
+    .venv/bin/python bench/group_setup.py [--worlds 16 32 64] [--creation auto]
     # GPUs (NCCL; creation "auto" = split_group of the domain's communicator):
     torchrun --nproc-per-node 8 bench/group_setup.py --device cuda
 
@@ -53,7 +53,7 @@ def _counts_row(world: int, parent_sizes: tuple[int, ...] | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--creation", nargs="+", default=["local", "world"])
+    parser.add_argument("--creation", nargs="+", default=["auto"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     header = (
