@@ -21,11 +21,14 @@ block spanning the domain reuses the domain's group. Creation (``GroupConfig.cre
 * ``split``: ``dist.split_group`` of the domain's communicator (NCCL with a bound device:
   the children share the parent's resources, ``ncclCommSplit``); one call per partition of
   blocks, every domain rank takes part;
-* ``local``: ``dist.new_group(use_local_synchronization=True)``: only a block's members call
-  it, in the one global order, so a rank makes as many calls as it has groups (gloo);
-* ``world``: the classic ``dist.new_group`` that every world rank calls for every block of every
-  replica (backends without local synchronization, e.g. MPI);
-* ``auto`` (default): ``split`` where the backend supports it, else ``local``.
+* ``world``: ``dist.new_group``, which every world rank calls for every block of every replica,
+  in the same order (gloo, and any backend that cannot split);
+* ``auto`` (default): ``split`` where the backend supports it, else ``world``.
+
+Not ``new_group(use_local_synchronization=True)``: torch names such a group by its ranks *and*
+the number of groups the calling process has made so far, so two members that are in different
+numbers of earlier groups (a rank in two overlapping wide parents) wait under different names
+forever; measured: 32 gloo ranks hang on the parent ``[8, 24)``.
 
 Counts for 8 GPUs per node (see ``docs/runtime.md``): 64 ranks -> 68 communicators (133
 blocks), 1,024 ranks -> 1,544 communicators (2,569 blocks), at most 9 / 129 per rank.
@@ -50,7 +53,7 @@ from solver.schema import CHILD_SIZES, is_power_of_two
 
 logger = logging.getLogger(__name__)
 
-Creation = Literal["auto", "split", "local", "world"]
+Creation = Literal["auto", "split", "world"]
 
 Block = tuple[int, int]
 """A contiguous rank range ``(start, end)``, half-open, as in the plan's ``ranks`` fields."""
@@ -82,7 +85,7 @@ class GroupConfig:
     """Backend of the subgroups; None = the default group's backend (ignored by ``split``)."""
 
     creation: Creation = "auto"
-    """How communicators are made: ``split``, ``local``, ``world`` or ``auto`` (module doc)."""
+    """How communicators are made: ``split``, ``world`` or ``auto`` (module doc)."""
 
     warm_up: bool = True
     """Run one 1-element all-reduce on every new communicator at setup (NCCL creates its
@@ -103,10 +106,8 @@ class GroupConfig:
                 raise ValueError(f"Expected power-of-two group sizes, got {size}.")
         if self.timeout_s <= 0:
             raise ValueError(f"Expected timeout_s > 0, got {self.timeout_s}.")
-        if self.creation not in ("auto", "split", "local", "world"):
-            raise ValueError(
-                f"Expected creation in auto, split, local, world, got {self.creation!r}."
-            )
+        if self.creation not in ("auto", "split", "world"):
+            raise ValueError(f"Expected creation in auto, split, world, got {self.creation!r}.")
 
 
 def candidate_blocks(config: GroupConfig) -> list[Block]:
@@ -130,6 +131,19 @@ def candidate_blocks(config: GroupConfig) -> list[Block]:
 def communicator_blocks(config: GroupConfig) -> list[Block]:
     """The blocks that need a communicator: not single ranks, not the whole domain."""
     return [b for b in candidate_blocks(config) if 1 < b[1] - b[0] < config.world_size]
+
+
+def communicators_per_rank(config: GroupConfig) -> list[int]:
+    """How many communicators each domain rank is a member of (the domain's own not counted).
+
+    What a rank pays for: with NCCL every communicator holds its own buffers unless it was
+    split from its parent with shared resources (``docs/runtime.md`` has the estimate).
+    """
+    counts = [0] * config.world_size
+    for start, end in communicator_blocks(config):
+        for rank in range(start, end):
+            counts[rank] += 1
+    return counts
 
 
 def split_partitions(config: GroupConfig) -> list[list[Block]]:
@@ -186,12 +200,14 @@ def init_distributed(
     _bound_device = device
     if dist.is_initialized():
         return device
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(
-        backend=backend or ("nccl" if device.type == "cuda" else "gloo"),
+        backend=backend,
         rank=int(os.environ["RANK"]),
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        # device_id: NCCL creates the world communicator now and may split it later.
+        device_id=device if backend == "nccl" and device.type == "cuda" else None,
     )
     return device
 
@@ -220,7 +236,7 @@ class RepackGroups:
     """Wall time ``setup`` took on this rank (creating and warming every communicator)."""
 
     creation_used: str = ""
-    """The creation path ``setup`` took (``split``, ``local`` or ``world``)."""
+    """The creation path ``setup`` took (``split`` or ``world``)."""
 
     _groups: dict[Block, dist.ProcessGroup] = field(default_factory=dict, repr=False)
     _ranks: list[int] = field(default_factory=list, repr=False)
@@ -250,8 +266,8 @@ class RepackGroups:
     def setup(self) -> RepackGroups:
         """Create (and warm) every communicator of ``communicator_blocks``; idempotent.
 
-        Collective over the domain (``split``), the members of each block (``local``), or the
-        world (``world``); every rank of every replica calls it once. Later calls return at once
+        Collective over the domain (``split``) or the world (``world``); every rank of every
+        replica calls it once. Later calls return at once
         without communicating.
         """
         if self._ready:
@@ -265,11 +281,9 @@ class RepackGroups:
         self._ranks = dist.get_process_group_ranks(domain)
         mode = self.config.creation
         if mode == "auto":
-            mode = "split" if _supports_split(domain) else "local"
+            mode = "split" if _supports_split(domain) else "world"
         t0 = time.perf_counter()
-        {"split": self._create_by_split, "local": self._create_local, "world": self._create_world}[
-            mode
-        ]()
+        self._create_by_split() if mode == "split" else self._create_world()
         if self.config.warm_up:
             self._warm_up()
         self.setup_seconds = time.perf_counter() - t0
@@ -301,18 +315,6 @@ class RepackGroups:
             mine = [b for b in blocks if b[0] <= me < b[1]]
             if group is not None and mine:
                 self._groups[mine[0]] = group
-
-    def _create_local(self) -> None:
-        """Members only, in the global (size, start) order: no cycle of waits can form."""
-        me = self.domain_rank
-        for block in communicator_blocks(self.config):
-            if block[0] <= me < block[1]:
-                self._groups[block] = dist.new_group(
-                    ranks=self.global_ranks(block),
-                    timeout=self._timeout(),
-                    backend=self.config.backend,
-                    use_local_synchronization=True,
-                )
 
     def _create_world(self) -> None:
         """Every world rank creates every block of every replica, in the same order."""
