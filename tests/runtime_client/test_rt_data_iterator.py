@@ -285,7 +285,8 @@ def test_each_replica_of_a_mesh_runs_its_own_plans() -> None:
 
 def _failing_and_short(rank: int, world: int, url: str) -> dict[str, str]:
     """No service and no fallback: every rank's next() raises; then a rank whose data ends
-    first stops every rank at the same step."""
+    first stops every rank at the same step; checkpoints of another job, or loaded late, are
+    refused."""
     groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=GPUS)).setup()
     config = _config("it-fail", background=True, prefetch_depth=1)
     client = None
@@ -300,7 +301,11 @@ def _failing_and_short(rank: int, world: int, url: str) -> dict[str, str]:
     client = _client(url) if rank == 0 else None
     short = _source(rank, steps=1 if rank == 3 else 4)
     with RepackDataIterator(short, _config("it-short"), groups, client) as it:
+        with pytest.raises(ValueError, match="checkpoint is for job 'other'"):
+            it.load_state_dict({"job_id": "other", "step": 0, "source": None})
         steps = [batch.step for batch in it]
+        with pytest.raises(RuntimeError, match="before iterating"):
+            it.load_state_dict(it.state_dict())
     return {"failed": failed, "steps": str(steps)}
 
 
