@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 
 from api.server import ServerThread, free_port
@@ -248,6 +249,11 @@ def test_request_carries_the_upstream_membership() -> None:
     assert request.lengths == [5, 3, 4, 9, 1, 2, 6]
     assert request.parent_of == [0, 0, 0, 0, 1, 1, 1]
     assert (request.job_id, request.step, request.parent_sizes) == ("j", 7, [4, 4])
+
+
+def test_the_iterator_is_stateful_for_distributed_checkpoint() -> None:
+    assert issubclass(RepackDataIterator, Stateful)
+    assert not issubclass(RepackLoaderConfig, Stateful)  # the check can fail
 
 
 def test_config_refuses_parents_that_do_not_tile_the_domain() -> None:
