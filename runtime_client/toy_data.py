@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from runtime_client.data_iterator import LocalSamples
+from runtime_client.batches import LocalSamples
 
 
 @dataclass(kw_only=True)
