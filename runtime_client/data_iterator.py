@@ -104,6 +104,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
                 f"the control group has {self.world}."
             )
         self._next_step = 0  # the next step next() yields
+        self._pull_step = 0  # the next step whose batch is pulled (set again at the start)
         self._iter: Iterator[LocalSamples] | None = None
         self._announced: deque[_Announced] = deque()
         self._source_states: dict[int, Any] = {}
@@ -149,7 +150,14 @@ class RepackDataIterator(Iterator[RepackBatch]):
             raise StopIteration
         self._start()
         # Background: a queue hand-off; inline: the step's collectives run here.
-        item = self._queue.get() if self.config.background else self._prepare_next()
+        item: RepackBatch | _End | BaseException
+        if self.config.background:
+            item = self._queue.get()
+        else:
+            try:
+                item = self._prepare_next()
+            except BaseException as exc:  # like the thread's: no later step after an error
+                item = exc
         if isinstance(item, BaseException):
             self._ended = True
             raise item
@@ -164,8 +172,8 @@ class RepackDataIterator(Iterator[RepackBatch]):
         return batch
 
     def close(self) -> None:
-        """Stop the helper thread (it finishes the step it is on, which every rank also
-        reaches, so no peer is left inside a collective) and the client's prefetches."""
+        """Stop the helper thread: it finishes the step it is on, which every rank also
+        reaches, so no peer is left inside a collective. The client is the caller's to close."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

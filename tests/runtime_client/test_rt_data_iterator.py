@@ -290,20 +290,24 @@ def test_each_replica_of_a_mesh_runs_its_own_plans() -> None:
 
 
 def _failing_and_short(rank: int, world: int, url: str) -> dict[str, str]:
-    """No service and no fallback: every rank's next() raises; then a rank whose data ends
-    first stops every rank at the same step; checkpoints of another job, or loaded late, are
-    refused."""
+    """No service and no fallback: every rank's next() raises (helper thread and inline); then
+    a rank whose data ends first stops every rank at the same step; checkpoints of another job,
+    or loaded late, are refused."""
     groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=GPUS)).setup()
-    config = _config("it-fail", background=True, prefetch_depth=1)
-    client = None
-    if rank == 0:
-        client = PlanClient(PlanClientConfig(service_url=url, retries=0, fallback=False))
-    with RepackDataIterator(_source(rank), config, groups, client) as it:
-        try:
-            next(it)
-            failed = "no error"
-        except PlanServiceError as exc:
-            failed = type(exc).__name__
+    failed = []
+    for background in (True, False):
+        config = _config(f"it-fail-{background}", background=background, prefetch_depth=1)
+        client = None
+        if rank == 0:
+            client = PlanClient(PlanClientConfig(service_url=url, retries=0, fallback=False))
+        with RepackDataIterator(_source(rank), config, groups, client) as it:
+            try:
+                next(it)
+                failed.append("no error")
+            except PlanServiceError as exc:
+                failed.append(type(exc).__name__)
+            with pytest.raises(StopIteration):  # no later step after an error
+                next(it)
     client = _client(url) if rank == 0 else None
     short = _source(rank, steps=1 if rank == 3 else 4)
     with RepackDataIterator(short, _config("it-short"), groups, client) as it:
@@ -312,12 +316,12 @@ def _failing_and_short(rank: int, world: int, url: str) -> dict[str, str]:
         steps = [batch.step for batch in it]
         with pytest.raises(RuntimeError, match="before iterating"):
             it.load_state_dict(it.state_dict())
-    return {"failed": failed, "steps": str(steps)}
+    return {"failed": str(failed), "steps": str(steps)}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_errors_and_the_end_of_data_reach_every_rank() -> None:
     results = run_local_ranks(_failing_and_short, WORLD, _closed_port_url(), timeout_s=200)
-    assert [r["failed"] for r in results] == ["PlanServiceError"] * WORLD
+    assert [r["failed"] for r in results] == [str(["PlanServiceError"] * 2)] * WORLD
     assert [r["steps"] for r in results] == ["[0]"] * WORLD
