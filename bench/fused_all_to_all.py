@@ -42,13 +42,13 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime_client.all_to_all import (
-    ExchangeBuffers,
     fused_sequence_to_heads,
     heads_to_sequence,
     kv_heads_per_rank,
     sequence_to_heads,
     variable_all_to_all,
 )
+from runtime_client.exchange_buffers import ExchangeBuffers
 from runtime_client.groups import GroupConfig, RepackGroups, init_distributed
 from runtime_client.local_launch import run_local_ranks
 from runtime_client.local_layout import GroupSite, LocalLayout, sequence_to_heads_site, split_tokens

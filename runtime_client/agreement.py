@@ -14,7 +14,7 @@ Every rank must run the same layout, or the all-to-alls deadlock or corrupt data
   broadcast the plan (one request per step instead of one per rank), then still checks the
   digest; ``strategy="verify"`` has every rank fetch (relying on the idempotency key) and checks;
 * ``agreed_layout`` cuts out this rank's ``LocalLayout`` and agrees on one validity flag, so a
-  layout error that only some ranks see (e.g. a plan narrower than the domain) raises on all.
+  layout error that only some ranks see raises on all of them.
 
 Every function takes the domain's process group (``RepackGroups.domain``; default: world) and
 uses ranks *inside* it (``src`` is a group rank). The HTTP client is ``plan_client`` (no torch).
@@ -152,8 +152,10 @@ def agreed_layout(plan: Plan, group: dist.ProcessGroup | None = None) -> LocalLa
 
     ``LocalLayout.from_plan`` already checks the whole plan, so a bad plan held by every rank
     fails everywhere without communication; this adds one 1-element all-reduce (a host sync on
-    GPU backends, once per step) for errors only some ranks see, e.g. a plan for fewer ranks
-    than the domain has. Collective over ``group``; call it before the step's first exchange.
+    GPU backends, once per step) for errors only some ranks see, e.g. ranks holding different
+    copies of the plan when the digest check was skipped. It also refuses a plan whose rank
+    count differs from the domain's. Collective over ``group``; call it before the first
+    exchange of the step.
     """
     error: PlanLayoutError | None = None
     layout: LocalLayout | None = None

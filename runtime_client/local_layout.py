@@ -236,36 +236,36 @@ def _check_tiling(plan: Plan, children: list[ChildOut], lengths: list[int], worl
 
 
 def _check_all_splits(plan: Plan) -> None:
-    """Every rank's split-size rows follow its parent's layout (the same check on every rank)."""
-    full, back = plan.all_to_all.to_full, plan.all_to_all.to_child
-    tables = (full.input_split_sizes, full.output_split_sizes, back.input_split_sizes)
-    if any(len(t) != len(plan.tokens) for t in (*tables, back.output_split_sizes)):
-        raise PlanLayoutError(f"split-size tables need one row per rank ({len(plan.tokens)})")
-    for parent in plan.parents:
-        start, end = parent.ranks
-        owned = plan.tokens[start:end]
-        for rank in range(start, end):
-            site = sequence_to_heads_site((start, end), owned, rank - start)
-            _check_splits(plan, rank, site)
+    """Every rank's split-size rows follow its parent's layout (the same check on every rank).
 
-
-def _check_splits(plan: Plan, rank: int, site: GroupSite) -> None:
+    Rank r of a parent sends ``[n_r] * P`` and receives the parent's ``tokens``; ``to_child``
+    is the transpose. List comparisons only: O(ranks x parent size) integer compares per step.
+    """
     full, back = plan.all_to_all.to_full, plan.all_to_all.to_child
-    rows = (
+    tables = (
         full.input_split_sizes,
         full.output_split_sizes,
         back.input_split_sizes,
         back.output_split_sizes,
     )
-    got = tuple(tuple(r[rank]) for r in rows)
-    want = (
-        site.input_split_sizes,
-        site.output_split_sizes,
-        site.output_split_sizes,
-        site.input_split_sizes,
-    )
-    if got != want:
-        raise PlanLayoutError(f"rank {rank}: plan split sizes {got} differ from layout {want}")
+    if any(len(t) != len(plan.tokens) for t in tables):
+        raise PlanLayoutError(f"split-size tables need one row per rank ({len(plan.tokens)})")
+    for parent in plan.parents:
+        start, end = parent.ranks
+        owned = plan.tokens[start:end]
+        for rank in range(start, end):
+            sends = [plan.tokens[rank]] * (end - start)
+            if (
+                full.input_split_sizes[rank] != sends
+                or full.output_split_sizes[rank] != owned
+                or back.input_split_sizes[rank] != owned
+                or back.output_split_sizes[rank] != sends
+            ):
+                got = tuple(tuple(t[rank]) for t in tables)
+                want = (tuple(sends), tuple(owned), tuple(owned), tuple(sends))
+                raise PlanLayoutError(
+                    f"rank {rank}: plan split sizes {got} differ from layout {want}"
+                )
 
 
 def _local_indices(

@@ -15,7 +15,8 @@ import pytest
 import torch
 from rt_plans import ChildSpec, hand_plan
 
-from runtime_client.all_to_all import ExchangeBuffers, RepackComm, kv_heads_per_rank
+from runtime_client.all_to_all import RepackComm, kv_heads_per_rank
+from runtime_client.exchange_buffers import ExchangeBuffers
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
 from runtime_client.local_layout import GroupSite, LocalLayout, plan_lengths
