@@ -107,7 +107,13 @@ def report(step: int, batch: RepackBatch, loss: float, wall_s: float) -> dict[st
 
 
 def main() -> None:
-    args = parse_args()
+    try:
+        run(parse_args())
+    except ValueError as exc:  # bad flags (pydantic's errors are ValueErrors too): one line
+        raise SystemExit("error: " + " ".join(str(exc).split())) from None
+
+
+def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # the ranks share the CPU cores
     device = init_distributed(timeout_s=300, bind_device=args.device == "cuda")
     world = dist.get_world_size()
@@ -120,6 +126,8 @@ def main() -> None:
     groups.setup()
     replica, rank = mesh.get_local_rank("dp"), groups.domain_rank
     parent = args.parent_size or size
+    if size % parent:
+        raise SystemExit(f"error: --parent-size {parent} does not divide the domain's {size} ranks")
     cluster = ClusterSpec(
         nodes=size // gpus, gpus_per_node=gpus, max_tokens_per_rank=args.max_tokens_per_rank
     )

@@ -78,15 +78,22 @@ class RepackLoaderConfig:
     def __post_init__(self) -> None:
         if self.prefetch_depth < 0:
             raise ValueError(f"Expected prefetch_depth >= 0, got {self.prefetch_depth}.")
-        sizes = self.parent_sizes or (self.cluster.world_size,)
+        sizes = self.upstream_sizes
         if sum(sizes) != self.cluster.world_size:
             raise ValueError(
                 f"Expected parent_sizes summing to {self.cluster.world_size}, got {sizes}."
             )
 
+    @property
+    def upstream_sizes(self) -> tuple[int, ...]:
+        """``parent_sizes``, or one parent of the whole domain when None."""
+        if self.parent_sizes is None:
+            return (self.cluster.world_size,)
+        return self.parent_sizes
+
     def request(self, step: int, per_rank: list[list[int]]) -> PlanRequest:
         """The step's request: every rank's lengths (rank order) and their upstream parents."""
-        sizes = list(self.parent_sizes or (self.cluster.world_size,))
+        sizes = list(self.upstream_sizes)
         return PlanRequest(
             job_id=self.job_id,
             step=step,

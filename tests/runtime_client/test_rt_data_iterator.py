@@ -259,6 +259,8 @@ def test_the_iterator_is_stateful_for_distributed_checkpoint() -> None:
 def test_config_refuses_parents_that_do_not_tile_the_domain() -> None:
     with pytest.raises(ValueError, match="parent_sizes summing to 8"):
         RepackLoaderConfig(job_id="j", cluster=CLUSTER, model=MODEL, parent_sizes=(4,))
+    with pytest.raises(ValueError, match="parent_sizes summing to 8"):
+        RepackLoaderConfig(job_id="j", cluster=CLUSTER, model=MODEL, parent_sizes=())
     with pytest.raises(ValueError, match="prefetch_depth >= 0"):
         _config("j", prefetch_depth=-1)
 
