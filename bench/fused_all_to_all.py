@@ -23,7 +23,8 @@ Allocations: a ``TorchDispatchMode`` counts every tensor an op returns that alia
 elements, on each rank, for ``to_full`` forward, and for the whole layer's exchanges forward
 + backward; ``copy_`` into an existing buffer is counted as copied bytes, not an allocation.
 Variants: fused with the send buffer written once into a reused buffer (the runtime's
-default), fused with the older cat-and-reshape packing, and two-pass.
+default), fused with the older cat-and-reshape packing, and two-pass (its head exchange packed
+like the default fused path).
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ def _measure(
     def two_pass_to_full() -> tuple[torch.Tensor, ...]:
         moved = variable_all_to_all(torch.cat([q, k, v], dim=1), redist, group)  # pass 1: tokens
         mq, mk, mv = moved.split([HEADS, KV_HEADS, KV_HEADS], dim=1)
-        return sequence_to_heads(mq, mk, mv, uniform, group)  # pass 2: heads
+        # pass 2: heads, with the same one-copy packing as the fused path (a fair comparison)
+        return fused_sequence_to_heads(mq, mk, mv, uniform, group, buffers).wait()
 
     def layer(variant: str, backward: bool) -> tuple[torch.Tensor, ...]:
         """One full layer's exchanges: to_full, (attention elided), to_child."""
