@@ -2,7 +2,7 @@
 
 ``dist.new_group`` is a collective over the *whole* world: every rank must call it, for every
 group, in the same order, even ranks that are not members. Plans change every step, so groups
-cannot be created on demand. The layout rules (design section 3) make the set finite:
+cannot be created on demand. The layout rules (docs/design.md section 3) make the set finite:
 
 * a child (or a parent of at most one node) of size ``k`` is an aligned block ``[s, s + k)``
   with ``s % k == 0``;
@@ -45,7 +45,7 @@ class GroupConfig:
     """Ranks per node ``G``; children never cross a node, wide parents start on node boundaries."""
 
     child_sizes: tuple[int, ...] = CHILD_SIZES
-    """Child sizes the planner may use (design rule 2: 1, 2, 4, 8, capped at ``G``)."""
+    """Child sizes the planner may use (docs/design.md rule 2: 1, 2, 4, 8, capped at ``G``)."""
 
     parent_sizes: tuple[int, ...] | None = None
     """Parent sizes the planner may use; None = every power of two up to ``world_size``.

@@ -26,7 +26,7 @@ MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
 
 CHILD_SIZES = (1, 2, 4, 8)
-"""Sizes a node-local child may have (design section 3, rule 2)."""
+"""Sizes a node-local child may have (docs/design.md section 3, rule 2)."""
 
 Mode = Literal["baseline", "sizing", "repack", "repack+parent", "repack+sizing"]
 """``sizing`` (an addition to v1) is heterogeneous parent sizes without repacking, the
