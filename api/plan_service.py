@@ -11,6 +11,7 @@ the same plan.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
@@ -26,6 +27,8 @@ from api.storage import PlanStore, StoredPlan
 from solver.errors import PlanningError
 from solver.plan_builder import plan_id_for, request_digest
 from solver.schema import PlanRequest
+
+log = logging.getLogger("repack.service")
 
 Source = Literal["solved", "inflight", "memory", "database"]
 
@@ -125,7 +128,17 @@ class PlanService:
         try:
             solving = self.pool.submit(request, digest, deadline_at)
         except Saturated as exc:
-            self.metrics.rejected.inc()
+            self.metrics.rejected.labels(reason=exc.code).inc()
+            log.warning(
+                "plan rejected: %s",
+                exc.reason,
+                extra={
+                    "job_id": request.job_id,
+                    "step": request.step,
+                    "status": 429,
+                    "reason": exc.code,
+                },
+            )
             raise ProblemError(
                 429,
                 "saturated",

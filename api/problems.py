@@ -100,20 +100,31 @@ def problem_response(
 
 
 def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
-    return [
+    errors = [
         FieldError(
             location=format_location(err.get("loc", ())),
-            detail=str(err.get("msg", "invalid")),
+            detail=_detail(err),
             type=str(err.get("type", "value_error")),
         )
         for err in exc.errors()
     ]
+    # A misspelled key ("lenghts") also makes the real one missing: the typo goes first.
+    return sorted(errors, key=lambda e: e.type != "extra_forbidden")
+
+
+def _detail(err: Mapping[str, Any]) -> str:
+    if err.get("type") == "extra_forbidden" and err.get("loc"):
+        return f"unknown field {err['loc'][-1]}"
+    return str(err.get("msg", "invalid"))
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = _validation_errors(exc)
-    where = ", ".join(e.location for e in errors[:5])
+    where = ", ".join(
+        f"unknown field {e.location}" if e.type == "extra_forbidden" else e.location
+        for e in errors[:5]
+    )
     return problem_response(
         request, 422, f"invalid request: {where}", slug="validation-error", errors=errors
     )
@@ -127,6 +138,14 @@ async def _on_planning(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProblemError)
+    if exc.status_code >= 500:
+        log.warning(
+            "answered %d %s: %s",
+            exc.status_code,
+            exc.slug,
+            exc.detail,
+            extra={"status": exc.status_code, "reason": exc.slug, "path": request.url.path},
+        )
     return problem_response(
         request, exc.status_code, exc.detail, slug=exc.slug, headers=exc.headers
     )

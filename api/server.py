@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
+from api.logging_setup import configure_logging
 from api.main import create_app
 from api.settings import Settings
 
@@ -22,19 +24,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def uvicorn_config(settings: Settings) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, *, own_logging: bool = False) -> uvicorn.Config:
+    """``own_logging``: uvicorn's loggers propagate to the service's JSON handler instead of
+    getting uvicorn's text handlers (for ``repack serve``; tests keep uvicorn's)."""
+    extra: dict[str, Any] = {"log_config": None} if own_logging else {}
     return uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,  # one log line per plan request would dominate the service's CPU
+        access_log=False,  # the per-plan line (api/plan_log.py) says more at a fraction of it
+        **extra,
     )
 
 
 def serve(settings: Settings) -> None:
-    """Serve until interrupted (uvicorn installs the signal handlers)."""
-    uvicorn.Server(uvicorn_config(settings)).run()
+    """Serve until interrupted (uvicorn installs the signal handlers), logging JSON lines."""
+    configure_logging(settings.log_format, settings.log_level)
+    uvicorn.Server(uvicorn_config(settings, own_logging=True)).run()
 
 
 class ServerThread:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from api.hosts import is_loopback
 
 DEFAULT_DATA_DIR = Path("repack-data")
 """Where the embedded SQLite database lives when no URL is given (relative to the cwd)."""
@@ -57,6 +60,36 @@ class Settings(BaseSettings):
     )
     page_limit: int = Field(100, ge=1, le=10_000, description="Default page size of listings.")
     log_level: str = Field("info", description="uvicorn log level.")
+
+    # Operations (issue 10): authentication, rate limit, logs.
+    tokens_file: Path | None = Field(
+        None, description="YAML/JSON file of token hashes and their job scopes (api/auth.py)."
+    )
+    allow_anonymous: bool | None = Field(
+        None,
+        description="Serve requests without a token; default: only on a loopback bind "
+        "without a tokens file.",
+    )
+    rate_limit: str | None = Field(
+        "1200/minute",
+        description="Requests per client (token, else address), e.g. 600/minute; empty = off.",
+    )
+    log_format: Literal["json", "text"] = Field("json", description="Service log format.")
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        if self.allow_anonymous is not None:
+            return self.allow_anonymous
+        return self.tokens_file is None and is_loopback(self.host)
+
+    @model_validator(mode="after")
+    def _someone_can_call(self) -> Settings:
+        if self.tokens_file is None and not self.anonymous_allowed:
+            raise ValueError(
+                f"host {self.host} is not loopback and no REPACK_TOKENS_FILE is set: "
+                "configure tokens, or set REPACK_ALLOW_ANONYMOUS=true to serve anyone"
+            )
+        return self
 
 
 @lru_cache(maxsize=1)

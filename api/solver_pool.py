@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import math
 import multiprocessing
 import time
@@ -23,6 +24,8 @@ from solver.errors import PlanningError
 from solver.plan_builder import canonical_json
 from solver.planner import plan
 from solver.schema import PlanRequest
+
+log = logging.getLogger("repack.solver_pool")
 
 INITIAL_MEAN_S = 0.05
 """Assumed solve time (and admission-to-answer time) until the first solves are measured."""
@@ -62,10 +65,12 @@ class Rejected:
 class Saturated(Exception):
     """The request cannot be solved now (``reason``); ``retry_after_s`` says when to retry."""
 
-    def __init__(self, reason: str, retry_after_s: int) -> None:
+    def __init__(self, reason: str, retry_after_s: int, code: str = "queue_full") -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.code = code
+        """Metric label and log field: queue_full or deadline."""
 
 
 def _init_worker(database_url: str) -> None:
@@ -190,7 +195,9 @@ class SolverPool:
         wait_s = self.expected_wait_s()
         if wait_s > 0 and time.monotonic() + wait_s > deadline_at - self.margin_ms / 1e3:
             # A free worker always takes the request, however small its deadline.
-            raise Saturated("no solver could start before the deadline", self.retry_after())
+            raise Saturated(
+                "no solver could start before the deadline", self.retry_after(), "deadline"
+            )
         self.pending += 1
         start = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(
@@ -221,6 +228,7 @@ class SolverPool:
     def _replace_broken(self) -> None:
         """A worker died (killed, out of memory): fail its solves, start a fresh pool."""
         if self._executor._broken:  # private, but the only way to tell without submitting
+            log.error("a solver worker died; replacing the worker pool")
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
 

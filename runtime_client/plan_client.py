@@ -27,11 +27,13 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import quote
 
 import httpx
 import torch
@@ -47,6 +49,17 @@ LAYOUT_FIELDS = ("version", "mode", "parents", "children", "tokens", "cu_seqlens
 """Plan fields that decide what every rank does; the agreement digest covers exactly these."""
 
 Source = Literal["service", "fallback", "broadcast"]
+
+
+TOKEN_ENV = "REPACK_TOKEN"
+JOB_HEADER = "X-Repack-Job"
+"""Carries the job id so that a balancer can route all of a job's steps to one replica
+(deploy/nginx.conf hashes on it) without reading the body; percent-encoded, so any job id
+fits in a header."""
+
+
+def job_header(request: PlanRequest) -> dict[str, str]:
+    return {JOB_HEADER: quote(request.job_id, safe="")} if request.job_id else {}
 
 
 class PlanServiceError(RuntimeError):
@@ -89,6 +102,9 @@ class PlanClientConfig:
 
     fallback_deadline_ms: int | None = None
     """Deadline for the local planner; None = the request's (or the planner's default)."""
+
+    token: str | None = field(default_factory=lambda: os.environ.get(TOKEN_ENV), repr=False)
+    """Bearer token for the service (default: ``REPACK_TOKEN``); kept out of ``repr``."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -141,7 +157,10 @@ class PlanClient:
     stats: PlanClientStats = field(default_factory=PlanClientStats)
 
     def __post_init__(self) -> None:
-        self._http = httpx.Client(base_url=self.config.service_url, timeout=self.config.timeout_s)
+        auth = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        self._http = httpx.Client(
+            base_url=self.config.service_url, timeout=self.config.timeout_s, headers=auth
+        )
         self._pool = ThreadPoolExecutor(self.config.prefetch_workers, "plan-prefetch")
         self._pending: dict[str, Future[FetchedPlan]] = {}
         self._lock = threading.Lock()
@@ -197,7 +216,7 @@ class PlanClient:
                 with self._lock:
                     self.stats.retries += 1
             try:
-                response = self._http.post("/v1/plans", json=body)
+                response = self._http.post("/v1/plans", json=body, headers=job_header(request))
             except httpx.TransportError as exc:  # connect errors and every kind of timeout
                 last = f"attempt {attempt}: {type(exc).__name__}: {exc}"
             else:

@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import BrowserCaller
 from api.deps import SettingsDep, StoreDep
 from api.problems import ProblemError
 from api.routers.jobs import Step
@@ -45,13 +46,19 @@ async def plotly_js() -> FileResponse:
 
 
 @router.get("/dashboard", response_class=HTMLResponse)
-async def jobs_page(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLResponse:
+async def jobs_page(
+    request: Request, store: StoreDep, settings: SettingsDep, caller: BrowserCaller
+) -> HTMLResponse:
+    caller.require_all()
     jobs = await run_in_threadpool(store.list_jobs, None, settings.page_limit)
     return templates.TemplateResponse(request, "jobs.html", {"jobs": jobs})
 
 
 @router.get("/dashboard/jobs/{job_id}", response_class=HTMLResponse)
-async def job_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResponse:
+async def job_page(
+    request: Request, job_id: JobId, store: StoreDep, caller: BrowserCaller
+) -> HTMLResponse:
+    caller.require(job_id)
     rows = await run_in_threadpool(store.list_steps, job_id, None, MAX_PLOTTED_STEPS)
     if not rows:
         raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
@@ -60,9 +67,11 @@ async def job_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResp
 
 
 @router.get("/dashboard/plans/{plan_id}", response_class=HTMLResponse)
-async def plan_page(request: Request, plan_id: PlanId, store: StoreDep) -> HTMLResponse:
+async def plan_page(
+    request: Request, plan_id: PlanId, store: StoreDep, caller: BrowserCaller
+) -> HTMLResponse:
     row = await run_in_threadpool(store.get_row, plan_id)
-    if row is None:
+    if row is None or not caller.may(row.job_id):
         raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
     data: dict[str, Any] = {
         "plan": json.loads(row.body),

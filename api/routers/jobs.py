@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import Caller
 from api.deps import SettingsDep, StoreDep
 from api.problems import ProblemError, problem_responses
 from api.storage import MAX_STEP, JobSummary, PlanRow, as_utc
@@ -84,29 +85,35 @@ class StepPage(BaseModel):
 Limit = Annotated[int | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
 
 
-@router.get("", response_model=JobPage, responses=problem_responses(422))
+@router.get("", response_model=JobPage, responses=problem_responses(401, 403, 422))
 async def list_jobs(
     store: StoreDep,
     settings: SettingsDep,
+    caller: Caller,
     after: Annotated[str | None, Query(max_length=200, description="Last job id seen.")] = None,
     limit: Limit = None,
 ) -> JobPage:
-    """Jobs with at least one stored plan, ordered by id."""
+    """Jobs with at least one stored plan, ordered by id (needs a token scoped for all jobs)."""
+    caller.require_all()
     size = limit or settings.page_limit
     jobs = await run_in_threadpool(store.list_jobs, after, size)
     items = list(jobs)
     return JobPage(items=items, next_after=items[-1].job_id if len(items) == size else None)
 
 
-@router.get("/{job_id}/steps", response_model=StepPage, responses=problem_responses(404, 422))
+@router.get(
+    "/{job_id}/steps", response_model=StepPage, responses=problem_responses(401, 403, 404, 422)
+)
 async def list_steps(
     job_id: Annotated[str, Path(min_length=1, max_length=200)],
     store: StoreDep,
     settings: SettingsDep,
+    caller: Caller,
     after: Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")] = None,
     limit: Limit = None,
 ) -> StepPage:
     """A job's plans in step order with their metrics."""
+    caller.require(job_id)
     size = limit or settings.page_limit
     rows = await run_in_threadpool(store.list_steps, job_id, after, size)
     if not rows and after is None:

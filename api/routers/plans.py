@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 from fastapi.exceptions import RequestValidationError
 
-from api.deps import ServiceDep
+from api.auth import Caller
+from api.deps import MetricsDep, ServiceDep
+from api.plan_log import log_plan
 from api.problems import ProblemError, problem_responses
 from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
@@ -22,9 +26,11 @@ SOURCE_HEADER = "X-Repack-Plan-Source"
     "",
     response_model=Plan,
     summary="Plan one step",
-    responses=problem_responses(400, 409, 413, 422, 429, 500, 503),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 429, 500, 503),
 )
-async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
+async def create_plan(
+    body: PlanRequest, service: ServiceDep, caller: Caller, metrics: MetricsDep
+) -> Response:
     """Solve (or replay) the plan for ``(job_id, step)``.
 
     Every request with the same key and body gets byte-identical JSON; the same key with a
@@ -34,7 +40,10 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
         raise RequestValidationError(
             [{"loc": ("body", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
         )
+    caller.require(body.job_id)
+    started = time.perf_counter()
     answer = await service.plan(body)
+    log_plan(metrics, body, answer.body, answer.source, time.perf_counter() - started)
     return Response(
         answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
     )
@@ -44,13 +53,17 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
     "/{plan_id}",
     response_model=Plan,
     summary="A stored plan",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(401, 404, 422),
 )
 async def get_plan(
-    plan_id: Annotated[str, Path(min_length=1, max_length=300)], service: ServiceDep
+    plan_id: Annotated[str, Path(min_length=1, max_length=300)],
+    service: ServiceDep,
+    caller: Caller,
 ) -> Response:
     """The stored plan with this id, exactly as it was first returned."""
     body = await service.get(plan_id)
+    if body is not None and not caller.all_jobs and not caller.may(json.loads(body).get("job_id")):
+        body = None  # another job's plan: answered as absent, not as forbidden
     if body is None:
         raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
     return Response(body, media_type="application/json")

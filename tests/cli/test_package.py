@@ -61,9 +61,9 @@ def test_a_local_file_wins_over_a_shipped_scenario(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_wheel_ships_the_scenarios_and_dashboard_assets(tmp_path: Path) -> None:
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(tmp_path), str(ROOT)],
+        [*pip_wheel, "-q", "-w", str(tmp_path), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -147,8 +147,8 @@ def test_nothing_points_outside_the_repository() -> None:
     offenders = []
     for name in tracked:
         path = ROOT / name
-        if path.suffix in {".py", ".md", ".yaml", ".toml", ".html", ".js", ".sh"} and path.exists():
-            if "../shared" in path.read_text(errors="replace"):
-                offenders.append(name)
+        text_file = path.suffix in {".py", ".md", ".yaml", ".toml", ".html", ".js", ".sh"}
+        if text_file and path.exists() and "../shared" in path.read_text(errors="replace"):
+            offenders.append(name)
     assert offenders == []
     assert (ROOT / "docs" / "design.md").read_text().startswith("# repack")

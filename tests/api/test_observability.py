@@ -1,0 +1,103 @@
+"""Logs and metrics an operator relies on: one structured line per plan with the request id,
+429/503 logged, solve-time and queue-wait histograms, process metrics, JSON log lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import uuid
+
+import httpx
+import pytest
+
+from api.logging_setup import build_handler
+from tests.api.conftest import metric_value, small_request
+
+
+def plan_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "repack.plans"]
+
+
+def test_one_log_line_per_plan_with_request_id_source_and_timings(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="repack.plans")
+    request_id = uuid.uuid4().hex
+    body = small_request("obs", 3)
+    first = client.post("/v1/plans", json=body, headers={"X-Request-ID": request_id})
+    assert first.status_code == 200
+    assert first.headers["x-request-id"] == request_id
+    client.post("/v1/plans", json=body)
+    solved, replayed = plan_records(caplog)
+    assert solved.__dict__["request_id"] == request_id
+    assert replayed.__dict__["request_id"] not in (request_id, None)
+    plan = first.json()
+    for record, source in ((solved, "solved"), (replayed, "cached")):
+        fields = record.__dict__
+        assert (fields["job_id"], fields["step"], fields["plan_id"]) == ("obs", 3, plan["plan_id"])
+        assert fields["source"] == source
+        assert fields["status"] == plan["status"]
+        assert fields["solve_ms"] == plan["metrics"]["solve_ms"]
+    assert solved.__dict__["queue_wait_ms"] >= 0
+    assert replayed.__dict__["queue_wait_ms"] == 0
+
+
+def test_histograms_process_metrics_and_reason_labels(client: httpx.Client) -> None:
+    for step in range(3):
+        assert client.post("/v1/plans", json=small_request("hist", step)).status_code == 200
+    client.post("/v1/plans", json=small_request("hist", 0))  # a replay is not a solve
+    text = client.get("/metrics").text
+    assert metric_value(text, "repack_solve_seconds_count") == 3
+    assert metric_value(text, "repack_queue_wait_seconds_count") == 3
+    assert metric_value(text, "repack_solve_seconds_sum") > 0
+    assert metric_value(text, "process_resident_memory_bytes") > 10_000_000
+    assert metric_value(text, "process_open_fds") > 0
+    assert "python_gc_objects_collected_total" in text
+    assert "# HELP repack_rejected_total" in text
+
+
+def test_saturation_is_counted_by_reason_and_logged(
+    db_url: str, start_server: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One worker, no queue: concurrent new keys beyond the first are refused with a reason."""
+    import concurrent.futures
+
+    server = start_server(db_url, solver_workers=1, queue_limit=0)  # type: ignore[operator]
+    caplog.set_level(logging.WARNING, logger="repack.service")
+    big = {"cluster": {"nodes": 8}, "lengths": [4000 + i for i in range(300)], "deadline_ms": 400}
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as c,
+        concurrent.futures.ThreadPoolExecutor(6) as pool,
+    ):
+        codes = list(
+            pool.map(
+                lambda i: c.post("/v1/plans", json={**big, "job_id": "sat", "step": i}).status_code,
+                range(6),
+            )
+        )
+        text = c.get("/metrics").text
+    refused = codes.count(429)
+    assert refused >= 1 and codes.count(200) >= 1
+    counted = metric_value(text, "repack_rejected_total", reason="queue_full") + metric_value(
+        text, "repack_rejected_total", reason="deadline"
+    )
+    assert counted == refused
+    logged = [r for r in caplog.records if r.__dict__.get("status") == 429]
+    assert len(logged) == refused
+    assert {r.__dict__["reason"] for r in logged} <= {"queue_full", "deadline"}
+
+
+def test_json_log_lines_carry_extra_fields() -> None:
+    stream = io.StringIO()
+    logger = logging.getLogger("repack.test-json")
+    logger.propagate = False
+    logger.addHandler(build_handler(stream, "json"))
+    logger.setLevel(logging.INFO)
+    logger.info("plan answered", extra={"job_id": "j", "step": 1, "source": "solved"})
+    line = json.loads(stream.getvalue())
+    assert line["message"] == "plan answered"
+    assert line["level"] == "INFO" and line["logger"] == "repack.test-json"
+    assert (line["job_id"], line["step"], line["source"]) == ("j", 1, "solved")
+    assert line["request_id"] == "-"  # outside a request
+    assert "time" in line
