@@ -8,8 +8,10 @@ import time
 
 import uvicorn
 
+from api.database import open_store
+from api.errors import DatabaseUnavailable
 from api.main import create_app
-from api.settings import Settings
+from api.settings import Settings, db_timeouts
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -33,7 +35,12 @@ def uvicorn_config(settings: Settings) -> uvicorn.Config:
 
 
 def serve(settings: Settings) -> None:
-    """Serve until interrupted (uvicorn installs the signal handlers)."""
+    """Serve until interrupted (uvicorn installs the signal handlers). The database is opened
+    and migrated first, so that a wrong URL ends the command with one line, not a traceback."""
+    try:
+        open_store(settings.database_url, db_timeouts(settings)).close()
+    except DatabaseUnavailable as exc:
+        raise SystemExit(f"repack serve: error: {exc}") from None
     uvicorn.Server(uvicorn_config(settings)).run()
 
 

@@ -1,14 +1,14 @@
-"""``/v1/plans``: plan a step (idempotent per job and step) and read a stored plan."""
+"""``/v1/plans``: plan a step (idempotent per key) and read a stored plan."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Response
 from fastapi.exceptions import RequestValidationError
 
 from api.deps import ServiceDep
-from api.problems import ProblemError, problem_responses
+from api.errors import PlanNotFound
+from api.problems import problem_responses
+from api.routers.params import PlanIdPath
 from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
 
@@ -44,13 +44,12 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
     "/{plan_id}",
     response_model=Plan,
     summary="A stored plan",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(404, 422, 503),
 )
-async def get_plan(
-    plan_id: Annotated[str, Path(min_length=1, max_length=300)], service: ServiceDep
-) -> Response:
-    """The stored plan with this id, exactly as it was first returned."""
+async def get_plan(plan_id: PlanIdPath, service: ServiceDep) -> Response:
+    """The stored plan with this id, exactly as it was first returned. A named plan
+    (``{job_id}-{step}``) wins over an anonymous one that happens to have the same id."""
     body = await service.get(plan_id)
     if body is None:
-        raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
+        raise PlanNotFound(f"no plan with id {plan_id!r}")
     return Response(body, media_type="application/json")
