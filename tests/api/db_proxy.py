@@ -10,6 +10,7 @@ connection lost mid-query, after the server may have committed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
@@ -23,10 +24,8 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with RST (SO_LINGER 0), not FIN: what a crashed peer or a firewall does."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
     writer.transport.abort()
 
 
