@@ -54,3 +54,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         if "plans" in tables and "alembic_version" not in tables:
             command.stamp(config, BASELINE)
         command.upgrade(config, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Undo migrations down to ``revision`` (operators rolling back a release)."""
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), revision)
