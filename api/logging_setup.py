@@ -41,6 +41,7 @@ def configure_logging(log_format: str, level: str) -> None:
     setattr(handler, _MARK, True)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step
 
 
 def build_handler(stream: TextIO, log_format: str) -> logging.Handler:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -15,14 +16,15 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator, load_tokens
 from api.body_limit import BodyLimitMiddleware
+from api.database import Database, open_store
 from api.metrics import LatencyMiddleware, ServiceMetrics
-from api.plan_service import PlanService
+from api.plan_service import PlanService, WorkLimits
 from api.problems import install_problem_handlers
+from api.retention import run_retention
 from api.routers import dashboard, docs, health, jobs, plans
 from api.security_headers import SecurityHeadersMiddleware
-from api.settings import Settings, get_settings
-from api.solver_pool import SolverPool
-from api.storage import PlanStore
+from api.settings import Settings, db_timeouts, get_settings
+from api.solver_pool import SolverPool, WorkerLimits
 from solver.version import package_version
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -37,16 +39,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = PlanStore(settings.database_url)
-        await run_in_threadpool(store.create_schema)
+        store = await run_in_threadpool(open_store, settings.database_url, db_timeouts(settings))
+        db = Database(store, settings.db_timeout_ms / 1e3)
         pool = SolverPool(
             workers=settings.solver_workers,
             queue_limit=settings.queue_limit,
             retry_after_s=settings.retry_after_s,
             margin_ms=settings.deadline_margin_ms,
             min_budget_ms=settings.min_solve_budget_ms,
-            database_url=settings.database_url,
+            limits=WorkerLimits(
+                memory_mb=settings.worker_memory_mb,
+                max_tasks=settings.worker_max_tasks,
+                hard_stop_factor=settings.hard_stop_factor,
+                hard_stop_min_s=settings.hard_stop_min_ms / 1e3,
+            ),
         )
+        retention: asyncio.Task[None] | None = None
         try:
             await pool.warm_up()
             # Everything imported so far lives as long as the process: keep it out of the
@@ -54,7 +62,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gc.collect()
             gc.freeze()
             app.state.service = PlanService(
-                store, pool, metrics, settings.plan_cache_size, settings.default_deadline_ms
+                db,
+                pool,
+                metrics,
+                settings.plan_cache_size,
+                settings.default_deadline_ms,
+                WorkLimits(settings.max_samples, settings.max_samples_x_ranks),
             )
             if settings.anonymous_allowed:
                 log.warning(
@@ -63,10 +76,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     settings.host,
                     settings.port,
                 )
+            if settings.retention_days > 0:
+                retention = asyncio.create_task(
+                    run_retention(db, settings.retention_days, settings.retention_interval_s)
+                )
             yield
         finally:
+            if retention is not None:
+                retention.cancel()
             pool.close()
-            store.close()
+            db.close()
 
     app = FastAPI(
         title="repack plan service",

@@ -9,9 +9,12 @@ from typing import Any
 
 import uvicorn
 
+from api.auth import load_tokens
+from api.database import open_store
+from api.errors import DatabaseUnavailable
 from api.logging_setup import configure_logging
 from api.main import create_app
-from api.settings import Settings
+from api.settings import Settings, db_timeouts
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -39,8 +42,16 @@ def uvicorn_config(settings: Settings, *, own_logging: bool = False) -> uvicorn.
 
 
 def serve(settings: Settings) -> None:
-    """Serve until interrupted (uvicorn installs the signal handlers), logging JSON lines."""
+    """Serve until interrupted (uvicorn installs the signal handlers), logging JSON lines.
+    The database is opened and migrated first, so that a wrong URL ends the command with one
+    line, not a traceback."""
+    if settings.tokens_file is not None:
+        load_tokens(settings.tokens_file)  # a bad tokens file is one line, before anything runs
     configure_logging(settings.log_format, settings.log_level)
+    try:
+        open_store(settings.database_url, db_timeouts(settings)).close()
+    except DatabaseUnavailable as exc:
+        raise SystemExit(f"repack serve: error: {exc}") from None
     uvicorn.Server(uvicorn_config(settings, own_logging=True)).run()
 
 

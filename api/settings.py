@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.hosts import is_loopback
+from api.storage import DbTimeouts
 
 DEFAULT_DATA_DIR = Path("repack-data")
 """Where the embedded SQLite database lives when no URL is given (relative to the cwd)."""
@@ -90,6 +91,56 @@ class Settings(BaseSettings):
                 "configure tokens, or set REPACK_ALLOW_ANONYMOUS=true to serve anyone"
             )
         return self
+
+    # Database faults: every wait is bounded, and shorter than a request's deadline.
+    db_timeout_ms: int = Field(
+        500,
+        ge=10,
+        le=60_000,
+        description="Longest wait for one database call (statement, lock, free connection); "
+        "past it the answer is 503 + Retry-After.",
+    )
+    db_connect_timeout_s: float = Field(
+        2.0, ge=1, le=60, description="Opening a PostgreSQL connection (libpq: at least 2 s)."
+    )
+    ready_timeout_ms: int = Field(
+        1000, ge=10, le=60_000, description="/readyz answers within this, database or not."
+    )
+    retention_days: float = Field(
+        0, ge=0, description="Delete plans older than this many days (0: keep forever)."
+    )
+    retention_interval_s: float = Field(
+        3600, gt=0, description="How often the retention sweep runs."
+    )
+
+    # Work per request and per solver worker.
+    max_samples: int = Field(
+        16_384, ge=1, description="Most samples in one request (422 naming body.lengths)."
+    )
+    max_samples_x_ranks: int = Field(
+        2**24, ge=1, description="Most samples x ranks (GPUs) in one request (422)."
+    )
+    hard_stop_factor: float = Field(
+        5.0, ge=1, description="A solve running this many times its deadline is killed."
+    )
+    hard_stop_min_ms: float = Field(
+        2000, ge=0, description="A solve is never killed sooner than this."
+    )
+    worker_memory_mb: int = Field(
+        4096, ge=0, description="Address-space limit of a solver worker (0: none)."
+    )
+    worker_max_tasks: int = Field(
+        1000, ge=0, description="Solves after which a worker is replaced (0: never)."
+    )
+
+
+def db_timeouts(settings: Settings) -> DbTimeouts:
+    """The storage layer's limits from the settings (every one within ``db_timeout_ms``)."""
+    return DbTimeouts(
+        connect_s=settings.db_connect_timeout_s,
+        statement_ms=settings.db_timeout_ms,
+        pool_s=settings.db_timeout_ms / 1e3,
+    )
 
 
 @lru_cache(maxsize=1)

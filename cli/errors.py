@@ -62,6 +62,7 @@ EXTRA_OF_MODULE = {
             "limits",
             "swagger_ui_bundle",
             "alembic",
+            "cachetools",
         ),
         "api",
     ),

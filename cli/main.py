@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "cli.demo",
     "cli.bench_service",
     "cli.token",
+    "cli.soak",
 )
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 

@@ -1,18 +1,19 @@
-"""``/v1/plans``: plan a step (idempotent per job and step) and read a stored plan."""
+"""``/v1/plans``: plan a step (idempotent per key) and read a stored plan."""
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Response
 from fastapi.exceptions import RequestValidationError
 
 from api.auth import Caller
 from api.deps import MetricsDep, ServiceDep
+from api.errors import PlanNotFound
 from api.plan_log import log_plan
-from api.problems import ProblemError, problem_responses
+from api.problems import problem_responses
+from api.routers.params import PlanIdPath
 from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
 
@@ -53,17 +54,14 @@ async def create_plan(
     "/{plan_id}",
     response_model=Plan,
     summary="A stored plan",
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(401, 404, 422, 503),
 )
-async def get_plan(
-    plan_id: Annotated[str, Path(min_length=1, max_length=300)],
-    service: ServiceDep,
-    caller: Caller,
-) -> Response:
-    """The stored plan with this id, exactly as it was first returned."""
+async def get_plan(plan_id: PlanIdPath, service: ServiceDep, caller: Caller) -> Response:
+    """The stored plan with this id, exactly as it was first returned. A named plan
+    (``{job_id}-{step}``) wins over an anonymous one that happens to have the same id."""
     body = await service.get(plan_id)
     if body is not None and not caller.all_jobs and not caller.may(json.loads(body).get("job_id")):
         body = None  # another job's plan: answered as absent, not as forbidden
     if body is None:
-        raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
+        raise PlanNotFound(f"no plan with id {plan_id!r}")
     return Response(body, media_type="application/json")

@@ -64,7 +64,7 @@ def test_saturation_is_counted_by_reason_and_logged(
     import concurrent.futures
 
     server = start_server(db_url, solver_workers=1, queue_limit=0)  # type: ignore[operator]
-    caplog.set_level(logging.WARNING, logger="repack.service")
+    caplog.set_level(logging.WARNING)
     big = {"cluster": {"nodes": 8}, "lengths": [4000 + i for i in range(300)], "deadline_ms": 400}
     with (
         httpx.Client(base_url=server.url, timeout=60) as c,
