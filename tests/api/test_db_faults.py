@@ -54,6 +54,24 @@ def server(pg_url: str, proxy: DbProxy, start_server: ServerFactory) -> ServerTh
     )
 
 
+FAULT_LATENCIES_S: list[float] = []
+"""Every fault answer's latency, summarised at the end of the module (docs/api.md)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def latency_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if FAULT_LATENCIES_S:
+        worst = max(FAULT_LATENCIES_S)
+        line = (
+            f"fault suite: {len(FAULT_LATENCIES_S)} fault answers (503), slowest "
+            f"{worst * 1e3:.0f} ms (bound {(DEADLINE_MS / 1e3 + DB_TIMEOUT_S) * 1e3:.0f} ms)"
+        )
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+
+
 def timed(call: Any, *args: Any, **kwargs: Any) -> tuple[httpx.Response, float]:
     start = time.monotonic()
     response = call(*args, **kwargs)
@@ -65,6 +83,7 @@ def assert_unavailable(response: httpx.Response, elapsed_s: float) -> None:
     assert response.headers["content-type"] == "application/problem+json"
     assert int(response.headers["retry-after"]) >= 1
     assert elapsed_s < BOUND_S
+    FAULT_LATENCIES_S.append(elapsed_s)
 
 
 def stored_rows(pg_url: str) -> dict[str, str]:
