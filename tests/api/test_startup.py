@@ -16,7 +16,8 @@ from api.server import free_port
     "url",
     [
         "postgresql+psycopg://repack:s3cret@127.0.0.1:{port}/test",
-        "nosuchdb://x",
+        "nosuchdb://repack:s3cret@host/db",
+        "postgresql+psycopg://repack:s3cret@[bad",
     ],
 )
 def test_serve_with_an_unusable_database_prints_one_line(url: str) -> None:
