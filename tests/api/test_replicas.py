@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from api.server import free_port
-from api.storage import PlanKey, PlanStore, utcnow
+from api.storage import PlanKey, PlanRow, PlanStore, utcnow
 from tests.api.conftest import _postgres_schema, metric_value
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -111,3 +112,40 @@ def test_an_expired_claim_is_taken_over(pg_url: str) -> None:
     assert store.claim(key, "b", utcnow() - timedelta(seconds=1)) is True  # already expired
     assert store.claim(key, "c", utcnow() + timedelta(seconds=30)) is True
     store.close()
+
+
+def test_a_plan_stored_while_we_claim_is_found(pg_url: str) -> None:
+    """The race that solved keys twice: replica A stores its plan (deleting its claim) just
+    before replica B's claim is written; B must answer A's plan, not win the key."""
+    a, b = PlanStore(pg_url), PlanStore(pg_url)
+    a.migrate()
+    key = PlanKey("named", "race-0")
+    expires = utcnow() + timedelta(seconds=30)
+    assert a.claim(key, "a", expires) is True
+    fired: list[bool] = []
+
+    @event.listens_for(b.engine, "before_cursor_execute")
+    def a_finishes_first(*args: Any) -> None:
+        statement: str = args[2]
+        if statement.startswith("INSERT INTO plan_claims") and not fired:
+            fired.append(True)
+            a.insert(stored_plan_row("race-0"), owner="a")
+
+    claimed = b.claim(key, "b", expires)
+    assert fired
+    assert not isinstance(claimed, bool), "B won a key whose plan exists"
+    assert claimed.plan_id == "race-0"
+    assert b.claim(key, "c", expires) == claimed  # and B left no claim behind
+    a.close()
+    b.close()
+
+
+def stored_plan_row(plan_id: str) -> PlanRow:
+    job, step = plan_id.rsplit("-", 1)
+    return PlanRow(
+        kind="named", plan_id=plan_id, job_id=job, step=int(step), request_digest="d",
+        mode="repack", status="optimal", stopped_by="optimal", nodes=1, gpus_per_node=8,
+        num_samples=2, step_time_ms=1.0, baseline_step_time_ms=1.0, speedup=1.0, mfu=0.5,
+        baseline_mfu=0.5, gap=0.0, lower_bound_ms=1.0, solve_ms=1.0, lengths="[1,2]",
+        body="{}", created_at=utcnow(),
+    )  # fmt: skip
