@@ -46,7 +46,12 @@ def describe(exc: BaseException) -> str:
 
 
 def masked_url(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
+    """``url`` with its password replaced by ``***`` (or a placeholder if it cannot be parsed,
+    since it may still hold one)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ValueError:
+        return "(an unparseable URL)"
 
 
 def open_store(url: str, timeouts: DbTimeouts) -> PlanStore:
@@ -55,7 +60,9 @@ def open_store(url: str, timeouts: DbTimeouts) -> PlanStore:
     try:
         store = PlanStore(url, timeouts)
     except (SQLAlchemyError, ValueError, ImportError) as exc:
-        raise DatabaseUnavailable(f"invalid database URL {url!r}: {describe(exc)}") from None
+        raise DatabaseUnavailable(
+            f"invalid database URL {masked_url(url)}: {describe(exc)}"
+        ) from None
     try:
         store.migrate()
     except (SQLAlchemyError, OSError) as exc:

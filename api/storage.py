@@ -245,12 +245,14 @@ class PlanStore:
 
     def claim(self, key: PlanKey, owner: str, expires_at: datetime) -> StoredPlan | bool:
         """Claim ``key`` for solving: the stored plan if there is one, True if the claim is
-        ours now, False if another live claim holds it."""
+        ours now, False if another live claim holds it.
+
+        The plan is looked for after the claim is written, not before: its writer deletes its
+        claim in the transaction that stores the plan, so a claim that succeeds because the
+        other one just went must still find that plan (and give the claim back).
+        """
         try:
             with self._sessions.begin() as session:
-                stored = _stored_at(session.connection(), key)
-                if stored is not None:
-                    return stored
                 session.execute(
                     delete(ClaimRow).where(
                         ClaimRow.kind == key.kind,
@@ -261,7 +263,12 @@ class PlanStore:
                 session.add(ClaimRow(kind=key.kind, plan_id=key.plan_id, owner=owner,
                                      expires_at=expires_at))  # fmt: skip
         except IntegrityError:
-            return False
+            stored = self.get_key(key)
+            return False if stored is None else stored
+        stored = self.get_key(key)
+        if stored is not None:
+            self.release(key, owner)
+            return stored
         return True
 
     def release(self, key: PlanKey, owner: str) -> None:

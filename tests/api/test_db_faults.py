@@ -54,6 +54,26 @@ def server(pg_url: str, proxy: DbProxy, start_server: ServerFactory) -> ServerTh
     )
 
 
+FAULT_LATENCIES_S: list[float] = []
+"""Every fault answer's latency, summarised at the end of the module (docs/api.md)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def latency_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if FAULT_LATENCIES_S:
+        ordered = sorted(FAULT_LATENCIES_S)
+        bound_s = DEADLINE_MS / 1e3 + DB_TIMEOUT_S
+        line = (
+            f"fault suite: {len(ordered)} fault answers (503); p50 "
+            f"{ordered[len(ordered) // 2] * 1e3:.0f} ms, slowest {ordered[-1] * 1e3:.0f} ms, "
+            f"{sum(t > bound_s for t in ordered)} over the bound of {bound_s * 1e3:.0f} ms"
+        )
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print(f"\n{line}")
+
+
 def timed(call: Any, *args: Any, **kwargs: Any) -> tuple[httpx.Response, float]:
     start = time.monotonic()
     response = call(*args, **kwargs)
@@ -65,6 +85,7 @@ def assert_unavailable(response: httpx.Response, elapsed_s: float) -> None:
     assert response.headers["content-type"] == "application/problem+json"
     assert int(response.headers["retry-after"]) >= 1
     assert elapsed_s < BOUND_S
+    FAULT_LATENCIES_S.append(elapsed_s)
 
 
 def stored_rows(pg_url: str) -> dict[str, str]:
