@@ -6,13 +6,18 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from api.logging_setup import build_handler
-from tests.api.conftest import metric_value, small_request
+from tests.api.conftest import ServerFactory, metric_value, small_request
+from tests.api.test_concurrency import LONG_STEP, solve_in_background
 
 
 def plan_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -58,17 +63,15 @@ def test_histograms_process_metrics_and_reason_labels(client: httpx.Client) -> N
 
 
 def test_saturation_is_counted_by_reason_and_logged(
-    db_url: str, start_server: object, caplog: pytest.LogCaptureFixture
+    db_url: str, start_server: ServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One worker, no queue: concurrent new keys beyond the first are refused with a reason."""
-    import concurrent.futures
-
-    server = start_server(db_url, solver_workers=1, queue_limit=0)  # type: ignore[operator]
+    server = start_server(db_url, solver_workers=1, queue_limit=0)
     caplog.set_level(logging.WARNING)
     big = {"cluster": {"nodes": 8}, "lengths": [4000 + i for i in range(300)], "deadline_ms": 400}
     with (
         httpx.Client(base_url=server.url, timeout=60) as c,
-        concurrent.futures.ThreadPoolExecutor(6) as pool,
+        ThreadPoolExecutor(6) as pool,
     ):
         codes = list(
             pool.map(
@@ -101,3 +104,20 @@ def test_json_log_lines_carry_extra_fields() -> None:
     assert (line["job_id"], line["step"], line["source"]) == ("j", 1, "solved")
     assert line["request_id"] == "-"  # outside a request
     assert "time" in line
+
+
+def test_a_dead_worker_logs_its_replacement_and_the_503(
+    tmp_path: Path, start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    server = start_server(f"sqlite:///{tmp_path / 'plans.db'}", solver_workers=1)
+    pool = server.server.config.app.state.service.pool
+    poster, result = solve_in_background(server, {**LONG_STEP, "job_id": "crash", "step": 0})
+    for pid in list(pool._executor._processes):
+        os.kill(pid, signal.SIGKILL)
+    poster.join()
+    assert result[0].status_code == 503
+    messages = [(r.name, r.getMessage()) for r in caplog.records]
+    assert ("repack.solver_pool", "a solver worker died; the worker pool was replaced") in messages
+    answered = [r for r in caplog.records if r.__dict__.get("status") == 503]
+    assert len(answered) == 1 and answered[0].__dict__["reason"] == "solver-unavailable"
