@@ -6,7 +6,9 @@ Starts ``--replicas`` `repack serve` processes on one PostgreSQL database (a fre
 ``--minutes``. Loaders come in pairs that post the same key sequence (like two ranks of one
 job) round-robin over the replicas, so a key regularly reaches both replicas at once: the
 cross-replica single flight is exercised on every new key. Half of the posts are new steps,
-half replay an earlier key. A 429 is retried after its Retry-After, as the plan client does.
+half replay an earlier key. A 429 or 503 is retried after its Retry-After, as the plan client
+does (a 503 ``plan-in-progress`` says another replica is making the plan); an error is an
+answer that stays a failure after 20 tries, or any other status.
 
 Every ``--sample-s`` seconds it records each replica's resident memory (the process tree:
 service, forkserver, solver workers). It prints one row per minute and a verdict against the
@@ -131,7 +133,7 @@ def _post(client: Any, body: dict[str, Any], minute: int, tally: Tally) -> None:
         except httpx.HTTPError as exc:
             tally.error(minute, f"{key}: {type(exc).__name__}")
             return
-        if r.status_code == 429:
+        if r.status_code in (429, 503) and "retry-after" in r.headers:
             with tally.lock:
                 tally.throttled[minute] += 1
             time.sleep(min(2.0, float(r.headers.get("retry-after", "1"))))
@@ -141,7 +143,7 @@ def _post(client: Any, body: dict[str, Any], minute: int, tally: Tally) -> None:
             return
         tally.answer(minute, key, time.perf_counter() - t0, r.content)
         return
-    tally.error(minute, f"{key}: still 429 after 20 tries")
+    tally.error(minute, f"{key}: still {r.status_code} after 20 tries")
 
 
 def _sample_rss(replicas: list[Replica], stop_at: float, every_s: float) -> list[list[int]]:
@@ -262,7 +264,8 @@ def _report(
         f"soak: {args.loaders} loaders, {args.replicas} replicas x {args.workers} workers on "
         f"PostgreSQL, {seconds / 60:.1f} min"
     )
-    print(format_table(["minute", "answers", "p50 ms", "p99 ms", "429 retried", "errors"], rows))
+    header = ["minute", "answers", "p50 ms", "p99 ms", "429/503 retried", "errors"]
+    print(format_table(header, rows))
     drift = rss_drift(samples)
     mib = [[f"{b / 2**20:.0f}" for b in s] for s in (samples[0], samples[-1])]
     for i, (last, peak) in enumerate(drift):
