@@ -95,8 +95,8 @@ class Database:
         timeout = self.timeout_s
         if until is not None:
             timeout = min(timeout, until - time.monotonic())
-        if timeout < MIN_CALL_S:
-            raise self._failed("no time left in the request's budget for the database")
+        if timeout < MIN_CALL_S:  # the request is out of time, not the database
+            raise DatabaseUnavailable("no time left for the database; retry later", 1)
         probe = self._failing_since is not None
         if probe:
             if self._probing:  # during an outage one call at a time finds out if it is over
