@@ -6,6 +6,10 @@ A stalled call keeps its thread until the server answers, the statement timeout 
 kernel's keepalive gives up; the pool has as many threads as the engine has connections, so
 stalled calls never multiply, and a call waiting for a thread times out like any other.
 Failures are logged once per outage (the first, then one line when the database is back).
+
+During an outage (from a failed call to the next successful one) only one call at a time goes
+to the database, as a probe; the others fail at once instead of each waiting out the timeout,
+so that clients fall back quickly and stalled threads do not pile up.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class Database:
         self._executor = ThreadPoolExecutor(POOL_CONNECTIONS, thread_name_prefix="db")
         self._failing_since: float | None = None
         self._failures = 0
+        self._probing = False
 
     async def call(self, fn: Callable[..., T], *args: object, until: float | None = None) -> T:
         """``fn(*args)`` on the database thread pool, within ``timeout_s`` and before the
@@ -90,8 +95,13 @@ class Database:
         timeout = self.timeout_s
         if until is not None:
             timeout = min(timeout, until - time.monotonic())
-        if timeout < MIN_CALL_S:
-            raise self._failed("no time left in the request's budget for the database")
+        if timeout < MIN_CALL_S:  # the request is out of time, not the database
+            raise DatabaseUnavailable("no time left for the database; retry later", 1)
+        probe = self._failing_since is not None
+        if probe:
+            if self._probing:  # during an outage one call at a time finds out if it is over
+                raise self._failed("still failing")
+            self._probing = True
         loop = asyncio.get_running_loop()
         try:
             result = await asyncio.wait_for(
@@ -101,6 +111,9 @@ class Database:
             raise self._failed(f"no answer within {timeout * 1e3:.0f} ms") from None
         except (SQLAlchemyError, OSError) as exc:
             raise self._failed(describe(exc)) from None
+        finally:
+            if probe:
+                self._probing = False
         if self._failing_since is not None:
             log.warning(
                 "database answers again after %.1f s (%d failed calls)",
