@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from api.logging_setup import build_handler
+from api.plan_log import plan_fields
 from tests.api.conftest import ServerFactory, metric_value, small_request
 from tests.api.test_concurrency import LONG_STEP, solve_in_background
 
@@ -121,3 +122,16 @@ def test_a_dead_worker_logs_its_replacement_and_the_503(
     assert ("repack.solver_pool", "a solver worker died; the worker pool was replaced") in messages
     answered = [r for r in caplog.records if r.__dict__.get("status") == 503]
     assert len(answered) == 1 and answered[0].__dict__["reason"] == "solver-unavailable"
+
+
+@pytest.mark.parametrize("job_id", ["obs", 'quo"te', "back\\slash", "ジョブ"])
+def test_plan_fields_match_a_full_parse(job_id: str) -> None:
+    """The log line's fields come from a scan of the plan's bytes, not a parse of all of it."""
+    from solver.plan_builder import canonical_json
+    from solver.planner import plan
+    from solver.schema import PlanRequest
+
+    result = plan(PlanRequest.model_validate(small_request(job_id, 2)))
+    body = canonical_json(result).encode()
+    full = json.loads(body)
+    assert plan_fields(body) == {k: full[k] for k in ("metrics", "plan_id", "status")}
