@@ -20,8 +20,9 @@ from solver.schema import PlanRequest
 
 log = logging.getLogger("repack.plans")
 
-_FIELDS = re.compile(rb'"(metrics|plan_id|status)":(\{[^{}]*\}|"(?:[^"\\]|\\.)*")')
-"""The plan's flat ``metrics`` object and its ``plan_id`` and ``status`` strings: the schema has
+_FIELDS = re.compile(rb'"(job_id|metrics|plan_id|status)":(\{[^{}]*\}|"(?:[^"\\]|\\.)*")')
+"""The plan's flat ``metrics`` object and its ``job_id``, ``plan_id`` and ``status`` strings
+(a null ``job_id`` is left out): the schema has
 these keys only at the top level, and the metrics hold no nested object, so the log line needs
 no parse of the whole (often 20 KB) plan."""
 
@@ -57,5 +58,6 @@ def log_plan(
 
 
 def plan_fields(body: bytes) -> dict[str, Any]:
-    """``metrics``, ``plan_id`` and ``status`` of a plan's JSON (absent keys are left out)."""
+    """``job_id``, ``metrics``, ``plan_id`` and ``status`` of a plan's JSON (absent or null
+    keys are left out)."""
     return {m[1].decode(): json.loads(m[2]) for m in _FIELDS.finditer(body)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Response
@@ -11,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from api.auth import Caller
 from api.deps import MetricsDep, ServiceDep
 from api.errors import PlanNotFound
-from api.plan_log import log_plan
+from api.plan_log import log_plan, plan_fields
 from api.problems import problem_responses
 from api.routers.params import PlanIdPath
 from api.storage import MAX_STEP
@@ -60,7 +59,7 @@ async def get_plan(plan_id: PlanIdPath, service: ServiceDep, caller: Caller) -> 
     """The stored plan with this id, exactly as it was first returned. A named plan
     (``{job_id}-{step}``) wins over an anonymous one that happens to have the same id."""
     body = await service.get(plan_id)
-    if body is not None and not caller.all_jobs and not caller.may(json.loads(body).get("job_id")):
+    if body is not None and not caller.all_jobs and not caller.may(plan_fields(body).get("job_id")):
         body = None  # another job's plan: answered as absent, not as forbidden
     if body is None:
         raise PlanNotFound(f"no plan with id {plan_id!r}")

@@ -134,4 +134,6 @@ def test_plan_fields_match_a_full_parse(job_id: str) -> None:
     result = plan(PlanRequest.model_validate(small_request(job_id, 2)))
     body = canonical_json(result).encode()
     full = json.loads(body)
-    assert plan_fields(body) == {k: full[k] for k in ("metrics", "plan_id", "status")}
+    assert plan_fields(body) == {k: full[k] for k in ("job_id", "metrics", "plan_id", "status")}
+    anonymous = canonical_json(plan(PlanRequest.model_validate({"lengths": [5, 7]}))).encode()
+    assert "job_id" not in plan_fields(anonymous)
