@@ -32,7 +32,9 @@ class Case:
     """Odd but valid (e.g. a unicode job id): 200 is fine too, 5xx never is."""
     problem: bool = True
     known_issue: str | None = None
-    """Why this case still fails (an xfail, not strict, so that the fix turns it green)."""
+    """Why this case may still answer 5xx: reported as a skip naming the issue (not an xfail,
+    whose traceback pytest cannot render after the deep-nesting cases on Python 3.11.7), and
+    checked like any other case once fixed."""
     """The refusal is problem+json (False: uvicorn refuses the bytes before the app sees them)."""
 
 
@@ -304,20 +306,11 @@ def battery_client(battery_server: ServerThread) -> Iterator[httpx.Client]:
         yield c
 
 
-def _params() -> list[Any]:
-    return [
-        pytest.param(
-            c,
-            id=c.name,
-            marks=[pytest.mark.xfail(reason=c.known_issue, strict=False)] if c.known_issue else [],
-        )
-        for c in CASES
-    ]
-
-
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_refused_not_a_server_error(battery_client: httpx.Client, case: Case) -> None:
     r = battery_client.request(case.method, case.path, content=case.body, headers=case.headers)
+    if case.known_issue and r.status_code >= 500:
+        pytest.skip(f"known issue, answered {r.status_code}: {case.known_issue}")
     assert r.status_code < 500, (r.status_code, r.text[:500])
     if case.may_succeed and r.status_code == 200:
         return
