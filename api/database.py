@@ -160,8 +160,8 @@ class Database:
     async def release(self, key: PlanKey, owner: str) -> None:
         await self.call(self.store.release, key, owner)
 
-    async def insert(self, row: PlanRow, owner: str, until: float) -> StoredPlan:
-        return await self.call(self.store.insert, row, owner, until=until)
+    async def insert(self, row: PlanRow, owner: str) -> StoredPlan:
+        return await self.call(self.store.insert, row, owner)
 
     async def delete_job(self, job_id: str) -> int:
         return await self.call(self.store.delete_job, job_id)

@@ -233,7 +233,9 @@ class PlanService:
                 raise PlanningError(solved.field, solved.message)
             row = solved.plan_row()
             body = row.body.encode()
-            stored = await self.db.insert(row, self.owner, budget.answer_by)
+            # Not bounded by the request's budget (its answer is, in ``_shared``): a plan
+            # that came late is still stored, so that the retry replays it.
+            stored = await self.db.insert(row, self.owner)
         except BaseException:
             self._in_background(self.db.release(key, self.owner))
             raise

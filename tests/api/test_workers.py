@@ -145,3 +145,27 @@ def test_a_worker_over_its_memory_limit_fails_one_request(
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'plans.db'}"
+
+
+def test_a_solve_overrunning_its_deadline_is_answered_in_time_then_replayed(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    server = start_server(sqlite_url, solver_workers=1, db_timeout_ms=200, hard_stop_factor=100)
+    body = {**SLOW_STEP, "job_id": "overrun", "step": 0, "deadline_ms": 100}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        start = time.monotonic()
+        first = c.post("/v1/plans", json=body)
+        elapsed = time.monotonic() - start
+        assert first.status_code == 503
+        assert first.json()["type"].endswith("plan-in-progress")
+        assert int(first.headers["retry-after"]) >= 1
+        assert elapsed < 0.3 + 1.5  # budget + database timeout, with slack for this machine
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = c.post("/v1/plans", json=body)
+            if again.status_code == 200:
+                break
+            assert again.status_code == 503
+            time.sleep(0.2)
+        assert again.status_code == 200
+        assert again.headers["x-repack-plan-source"] in {"inflight", "memory", "database"}
