@@ -18,8 +18,10 @@ from solver.cost_model import (
     unrepacked_parent_seconds,
 )
 from solver.layout import Child, Layout, Parent, evaluate
+from solver.membership import make_cost_fn
 from solver.plan_builder import canonical_json
 from solver.planner import plan
+from solver.problem import Problem
 from solver.profiles import DEFAULT_PROFILE, Profile
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 from solver.trace import load_trace
@@ -223,3 +225,20 @@ def test_plan_with_latency_profile_validates() -> None:
     assert latent.metrics.step_time_ms > fast.metrics.step_time_ms
     assert latent.metrics.lower_bound_ms is not None
     assert latent.metrics.lower_bound_ms <= latent.metrics.step_time_ms
+
+
+def test_membership_estimate_counts_the_collective_latency() -> None:
+    """The membership search's unrepacked estimate is the cost model's exact time, latency
+    included (a calibrated profile may carry one)."""
+    req = example_request().model_copy(
+        update={"profile": DEFAULT_PROFILE.model_copy(update={"collective_latency_us": 500.0})}
+    )
+    problem = Problem.from_request(req)
+    estimate = make_cost_fn(problem, "baseline")
+    members = list(range(problem.num_samples))
+    full = sum(problem.full_s[s] for s in members)
+    sparse = sum(problem.sparse_s[s] for s in members)
+    tokens = sum(problem.tokens[s] for s in members)
+    for size in (1, 4, 16):
+        exact = unrepacked_parent_seconds(problem.cost, size, full, sparse, tokens)
+        assert estimate(size, full, sparse, tokens, 0.0) == pytest.approx(exact, rel=1e-12)
