@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from typing import cast
 
 import numpy as np
 from tqdm import tqdm
@@ -142,7 +143,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=MODES, default="repack+parent", help="default repack+parent")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     deadlines = p.add_mutually_exclusive_group()
-    add_deadline(deadlines)
+    add_deadline(cast(argparse.ArgumentParser, deadlines))  # a group takes arguments alike
     deadlines.add_argument(
         "--deadlines",
         type=deadline_list,
