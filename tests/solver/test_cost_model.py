@@ -26,8 +26,8 @@ from solver.profiles import DEFAULT_PROFILE, Profile
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 from solver.trace import load_trace
 from solver.validate import validate_plan
-from tests.helpers import ROOT, example_plan, example_request
-from tests.solver.default_profile_golden import GOLDEN
+from tests.helpers import example_plan, example_request
+from tests.solver.default_profile_golden import GOLDEN, scenario_path
 from tests.solver.default_profile_golden import SCENARIOS as GOLDEN_SCENARIOS
 
 # A toy machine where every term is easy to do on paper: 2 nodes x 2 GPUs, 1 and 0.5 GB/s,
@@ -143,7 +143,7 @@ def _golden_layout(entry: dict[str, Any]) -> Layout:
 def _golden_requests() -> dict[tuple[str, int], PlanRequest]:
     out = {}
     for name, steps in GOLDEN_SCENARIOS:
-        for i, req in enumerate(islice(load_trace(ROOT / "scenarios" / name), steps)):
+        for i, req in enumerate(islice(load_trace(scenario_path(name)), steps)):
             out[name, i] = req
     return out
 
