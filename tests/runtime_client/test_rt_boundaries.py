@@ -1,5 +1,5 @@
 """Dependencies point one way: runtime_client imports solver; solver imports neither torch
-nor runtime_client (design section 2)."""
+nor runtime_client (docs/design.md section 2)."""
 
 from __future__ import annotations
 
