@@ -42,7 +42,7 @@ def test_solve_and_validate_with_a_profile(
         ("efficiency_linear: 0.001\n", ("efficiency_linear", "greater than 0.01", "bad.yaml")),
         ("peak_tflops: 1.0e+308\n", ("peak_tflops", "less than or equal to 1000000")),
         ("intra_node_gbps: 1.0e-308\n", ("intra_node_gbps", "greater than or equal to 0.01")),
-        ("colour: red\n", ("colour: unknown field",)),
+        ("colour: red\n", ("unknown field colour",)),
         ("[1, 2]\n", ("valid dictionary",)),
         ("name: [1\n", ("invalid YAML",)),
     ],
