@@ -15,14 +15,17 @@ Pipeline (each stage deterministic; the wall-clock deadline is only a safety net
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
 from solver.budget import Budget
 from solver.children import ChildrenSolution, polish, solve_children
+from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
-from solver.membership import Objective, balance, members_from_parent_of
+from solver.membership import Objective, balance, make_room, members_from_parent_of
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
@@ -90,7 +93,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
         base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
     best = {
         "baseline": lambda: base,
-        "sizing": lambda: _sizing(problem, request, base, budget),
+        "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
         "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
         "repack+sizing": lambda: _repack_sizing(
@@ -131,6 +134,7 @@ def _repack_parent(
     if budget.expired():
         return _Candidate(fixed.layout, fixed.evaluation, free)
     moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
+    moved_members = make_room(problem, sizes, moved_members, clock=budget)
     moved = solve_children(problem, sizes, moved_members, budget)
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
         moved = polish(problem, moved, budget)
@@ -153,17 +157,40 @@ def _sized(
     return SizedMembership(sized.sizes, members, sized.estimate_s)
 
 
-def _sizing(problem: Problem, request: PlanRequest, base: _Candidate, budget: Budget) -> _Candidate:
+def _rebalanced(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> list[list[list[int]]]:
+    """The upstream sizes with membership balanced by exact unrepacked time: improved from the
+    upstream membership, and LPT from scratch (which may not fit a loader's packed memory)."""
+    out = [balance(problem, sizes, "baseline", start=members, clock=budget)]
+    with contextlib.suppress(InfeasibleRequestError):  # a loader's packing may be tighter
+        out.append(balance(problem, sizes, "baseline", clock=budget))
+    return out
+
+
+def _sizing(
+    problem: Problem,
+    request: PlanRequest,
+    base: _Candidate,
+    sizes: list[int],
+    members: list[list[int]],
+    budget: Budget,
+) -> _Candidate:
     """FlexSP-style: heterogeneous parent sizes and membership, no repacking."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=False)
+    best = base
+    # The upstream sizes re-balanced by exact time: a sizing that only moves samples.
+    candidates = [(sizes, m) for m in _rebalanced(problem, sizes, members, budget)]
     sized = _sized(problem, request, "baseline", base.evaluation.step_s, budget)
     if sized is not None and not budget.expired():
-        layout = baseline_layout(sized.sizes, sized.members)
+        candidates.append((sized.sizes, sized.members))
+    for cand_sizes, cand_members in candidates:
+        layout = baseline_layout(cand_sizes, cand_members)
         evaluation = evaluate(layout, problem.cost, problem.costs)
-        if evaluation.step_s < base.evaluation.step_s:
-            return _Candidate(layout, evaluation, bound)
-    return _Candidate(base.layout, base.evaluation, bound)
+        if evaluation.step_s < best.evaluation.step_s:
+            best = _Candidate(layout, evaluation, bound)
+    return _Candidate(best.layout, best.evaluation, bound)
 
 
 def _repack_sizing(
@@ -179,13 +206,24 @@ def _repack_sizing(
     sized layouts do not already beat its lower bound."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=True)
+    costs = (problem.cost, problem.costs)
     found: ChildrenSolution | None = None
     # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
     # same search range, and children can only speed it up) and the optimistic repacked one.
-    for objective in SIZING_OBJECTIVES:
+    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that.
+    uniform = [
+        SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
+    ]
+    for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
         if budget.expired():
             break
-        sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
+        if isinstance(objective, int):
+            sized: SizedMembership | None = uniform[objective]
+            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
+            if found is not None and found.evaluation.step_s <= whole.step_s:
+                continue  # already at least as fast as mode `sizing` can be with it
+        else:
+            sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
         if sized is None:
             continue
         candidate = solve_children(problem, sized.sizes, sized.members, budget)
