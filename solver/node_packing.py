@@ -102,7 +102,7 @@ def unplaced_tokens(problem: Problem, size: int, members: Sequence[int]) -> int:
     return left
 
 
-def _children_of_segment(
+def children_of_segment(
     problem: Problem, start: int, seg: int, members: list[int], parent_size: int
 ) -> tuple[list[Child], float, int] | None:
     """Fastest uniform child size for one segment: ``(children, sparse-layer time, busiest
@@ -135,8 +135,8 @@ def pack_by_nodes(
 ) -> tuple[Parent, float] | None:
     """The faster of the work-balanced and the token-first node packings of a parent, with
     its time; None when neither fits in memory."""
-    seg = segment_size(problem, size)
-    if seg == size or not members:
+    seg = min(size, problem.cost.gpus_per_node)  # one bin per node, or the whole parent
+    if size == 1 or not members:
         return None
     bins, cap = size // seg, problem.capacity(seg)
     best: tuple[Parent, float] | None = None
@@ -159,7 +159,7 @@ def _parent_from_segments(
     children: list[Child] = []
     z, m = 0.0, 0
     for b, group in enumerate(assign):
-        made = _children_of_segment(problem, start + b * seg, seg, group, size)
+        made = children_of_segment(problem, start + b * seg, seg, group, size)
         if made is None:
             return None
         kids, zb, mb = made

@@ -26,6 +26,7 @@ from solver.children import ChildrenSolution, polish, solve_children
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
+from solver.node_membership import node_seed
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
@@ -136,6 +137,9 @@ def _repack_parent(
     moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
     moved_members = make_room(problem, sizes, moved_members, clock=budget)
     moved = solve_children(problem, sizes, moved_members, budget)
+    seeded = _node_seeded(problem, sizes, budget)
+    if seeded is not None and seeded.evaluation.step_s < moved.evaluation.step_s:
+        moved = seeded
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
         moved = polish(problem, moved, budget)
         return _Candidate(moved.layout, moved.evaluation, free)
@@ -143,6 +147,22 @@ def _repack_parent(
     if moved.evaluation.step_s < best.evaluation.step_s:
         best = moved  # already beats repack's exact result; one CP-SAT solve per request
     return _Candidate(best.layout, best.evaluation, free)
+
+
+def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> ChildrenSolution | None:
+    """Membership built node by node (``node_membership``): its own layout or the child
+    packer's for its membership, whichever is faster."""
+    if budget.expired():
+        return None
+    seeded = node_seed(problem, sizes, budget)
+    if seeded is None:
+        return None
+    members, layout = seeded
+    packed = solve_children(problem, sizes, members, budget)
+    evaluation = evaluate(layout, problem.cost, problem.costs)
+    if evaluation.step_s < packed.evaluation.step_s:
+        return ChildrenSolution(layout, evaluation, packed.parent_bounds)
+    return packed
 
 
 def _sized(
@@ -165,6 +185,9 @@ def _rebalanced(
     out = [balance(problem, sizes, "baseline", start=members, clock=budget)]
     with contextlib.suppress(InfeasibleRequestError):  # a loader's packing may be tighter
         out.append(balance(problem, sizes, "baseline", clock=budget))
+    seeded = node_seed(problem, sizes, budget, repack=False)  # LPT by work, exact moves
+    if seeded is not None:
+        out.append(seeded[0])
     return out
 
 
