@@ -52,10 +52,12 @@ def test_full_parent_cannot_be_packed_by_nodes_as_given() -> None:
 @pytest.mark.parametrize("longest", [350_000, 400_000])
 def test_parent_solver_makes_room_in_a_full_parent(seed: int, longest: int) -> None:
     req = packed_request(seed, longest)
-    p = plan(req.model_copy(update={"mode": "repack+parent"}))
+    p = plan(req.model_copy(update={"mode": "repack+parent"}), deadline_ms=60_000)
     assert validate_plan(req, p) == []
     # moving a few short samples to the long sample's parent lets the full one repack
     assert p.metrics.speedup > 1.2
     assert sum(req.lengths[s] for s in p.parents[1].samples) < CAP - 50
-    sizing = plan(req.model_copy(update={"mode": "repack+sizing"}))
+    sizing = plan(req.model_copy(update={"mode": "repack+sizing"}), deadline_ms=60_000)
     assert sizing.metrics.step_time_ms <= p.metrics.step_time_ms + 1e-6
+    # the memory bound: the long sample's parent must also hold what the full one cannot
+    assert p.metrics.gap is not None and p.metrics.gap < 0.05
