@@ -23,15 +23,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from solver.budget import Budget
-from solver.cost_model import full_layer_seconds, unrepacked_parent_seconds
+from solver.cost_model import ceil_div, full_layer_seconds, unrepacked_parent_seconds
 from solver.layout import Child, Parent, parent_starts, unrepacked
 from solver.node_packing import children_of_segment
 from solver.problem import Problem
 
-MOVE_WORK = 40_000
+MOVE_WORK = 12_000
 """Deterministic work limit of the move phase: samples re-packed into children, summed over
 the bins every tried move re-evaluates (small requests try every move, large ones the most
 promising: heaviest samples of the busiest bins to the least loaded bins)."""
+
+
+MAX_PAIRS = 60_000
+"""Above this many (sample x bin) pairs the stage is skipped: its placement scans every bin per
+sample, which would outlast a 1,024-GPU step's latency budget (the greedy path covers those)."""
 
 
 @dataclass
@@ -147,6 +152,21 @@ class NodeSeed:
         split += cost.sparse_layers * z
         return (split, True) if split < whole else (whole, False)
 
+    def _time_floor(self, j: int, changed: _Bin) -> float:
+        """A lower bound of ``_time(j)`` without packing children: the unrepacked time, or a
+        split layout no faster than the changed bin's work spread on its ranks (every child
+        of it is at least that slow on average) and its busiest rank's token share."""
+        cost, size, bins = self.p.cost, self.sizes[j], self.bins[j]
+        full = sum(b.full_s for b in bins)
+        tokens = sum(b.tokens for b in bins)
+        whole = unrepacked_parent_seconds(cost, size, full, sum(b.sparse_s for b in bins), tokens)
+        if self.whole[j] or size == 1:
+            return whole
+        m = max(ceil_div(tokens, size), ceil_div(changed.tokens, changed.ranks))
+        split = cost.full_layers * full_layer_seconds(cost, size, full, m)
+        split += cost.sparse_layers * changed.work / changed.ranks
+        return min(whole, split)
+
     def layout(self, j: int) -> Parent:
         """Parent ``j`` at the faster of its per-bin children and its unrepacked layout."""
         _, split = self._time(j)
@@ -163,6 +183,8 @@ class NodeSeed:
                 return
 
     def _move_one(self) -> bool:
+        """The first improving move of one sample out of the critical parent: a sample whose
+        removal alone does not bring that parent under the step is skipped outright."""
         p = self.p
         c = max(range(len(self.times)), key=lambda j: (self.times[j], -j))
         target = self.times[c] * (1 - 1e-9)
@@ -172,26 +194,44 @@ class NodeSeed:
             key=lambda b: (self._load(b), b.start),
         )
         for src in sources:
-            for s in sorted(src.samples, key=lambda s: (-p.work_s[s], s)):
-                for dst in receivers:
-                    if self.work >= MOVE_WORK:
-                        return False
-                    if dst is not src and self._room(dst, s) and self._try(c, src, dst, s, target):
-                        return True
+            for s in sorted(src.samples, key=p.heavy_rank.__getitem__):
+                if self.work >= MOVE_WORK:
+                    return False
+                saved = (src.packed, src.fresh)
+                self._add(src, s, -1)
+                self.work += len(src.samples)
+                t_without = self._time(c)[0]
+                if t_without < target and self._place_moved(
+                    c, src, s, t_without, target, receivers
+                ):
+                    return True
+                self._add(src, s)
+                src.packed, src.fresh = saved
         return False
 
-    def _try(self, c: int, src: _Bin, dst: _Bin, s: int, target: float) -> bool:
-        q = dst.parent
-        self._add(src, s, -1)
-        self._add(dst, s)
-        self.work += len(src.samples) + len(dst.samples)
-        t_c = self._time(c)[0]
-        t_q = t_c if q == c else self._time(q)[0]
-        if max(t_c, t_q) < target:
-            self.times[c], self.times[q] = t_c, t_q
-            return True
-        self._add(dst, s, -1)
-        self._add(src, s)
+    def _place_moved(
+        self, c: int, src: _Bin, s: int, t_without: float, target: float, receivers: list[_Bin]
+    ) -> bool:
+        """Put ``s`` (already out of ``src``) into the first receiver that keeps both parents
+        under ``target``; False leaves it out."""
+        for dst in receivers:
+            if dst is src or not self._room(dst, s) or self.work >= MOVE_WORK:
+                continue
+            q = dst.parent
+            saved = (dst.packed, dst.fresh)
+            self._add(dst, s)
+            if q != c and self._time_floor(q, dst) >= target:
+                self._add(dst, s, -1)
+                dst.packed, dst.fresh = saved
+                continue
+            self.work += len(dst.samples)
+            t_q = self._time(q)[0]
+            if t_q < target:
+                t_c = t_q if q == c else t_without
+                self.times[c], self.times[q] = t_c, t_q
+                return True
+            self._add(dst, s, -1)
+            dst.packed, dst.fresh = saved
         return False
 
     def members(self) -> list[list[int]]:
@@ -204,6 +244,8 @@ def node_seed(
     """Membership and layout of the node-level LPT + moves; None if LPT runs out of memory.
     Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes)."""
     seed = NodeSeed(problem, sizes, repack)
+    if problem.num_samples * sum(len(bins) for bins in seed.bins) > MAX_PAIRS:
+        return None
     if not seed.place():
         return None
     seed.improve(clock)

@@ -48,26 +48,37 @@ def _first_fit_decreasing(
 
 def _lpt(
     problem: Problem, members: Sequence[int], bins: int, ranks: int, capacity: int
-) -> list[list[int]] | None:
+) -> tuple[list[list[int]], list[int], list[float]] | None:
     """Members by decreasing work, each to the least loaded bin with room (LPT); bins of
-    ``ranks`` ranks with ``capacity`` tokens. None when a member finds no room."""
-    work, tokens = problem.work_s, problem.tokens
+    ``ranks`` ranks with ``capacity`` tokens. ``(groups, tokens, sparse seconds)`` per bin, or
+    None when a member finds no room."""
+    work, tokens, sparse = problem.work_s, problem.tokens, problem.sparse_s
     heap = [(0.0, b) for b in range(bins)]
     room = [capacity] * bins
+    sparse_sum = [0.0] * bins
     out: list[list[int]] = [[] for _ in range(bins)]
-    for s in sorted(members, key=lambda s: (-work[s], s)):
+    for s in sorted(members, key=problem.heavy_rank.__getitem__):
+        n = tokens[s]
+        if bins == 1:
+            if room[0] < n:
+                return None
+            room[0] -= n
+            out[0].append(s)
+            sparse_sum[0] += sparse[s]
+            continue
         skipped = []
-        while heap and room[heap[0][1]] < tokens[s]:
+        while heap and room[heap[0][1]] < n:
             skipped.append(heapq.heappop(heap))
         if not heap:
             return None
-        load, b = heapq.heappop(heap)
-        room[b] -= tokens[s]
+        load, b = heap[0]
+        room[b] -= n
         out[b].append(s)
-        heapq.heappush(heap, (load + work[s] / ranks, b))
+        sparse_sum[b] += sparse[s]
+        heapq.heapreplace(heap, (load + work[s] / ranks, b))
         for item in skipped:
             heapq.heappush(heap, item)
-    return out
+    return out, [capacity - r for r in room], sparse_sum
 
 
 def segments_fit(problem: Problem, size: int, members: Sequence[int]) -> bool:
@@ -115,14 +126,14 @@ def children_of_segment(
     for k in problem.child_sizes:
         if k > seg:
             break
-        groups = _lpt(problem, members, seg // k, k, problem.capacity(k))
-        if groups is None:
+        packed = _lpt(problem, members, seg // k, k, problem.capacity(k))
+        if packed is None:
             continue
-        z, m = 0.0, 0
-        for g in groups:
-            tok = sum(problem.tokens[s] for s in g)
-            z = max(z, child_layer_seconds(cost, k, sum(problem.sparse_s[s] for s in g), tok))
-            m = max(m, ceil_div(tok, k))
+        groups, tokens, sparse = packed
+        z = max(
+            child_layer_seconds(cost, k, sp, tok) for sp, tok in zip(sparse, tokens, strict=True)
+        )
+        m = ceil_div(max(tokens), k)
         score = cost.sparse_layers * z + m * full_tok
         if best is None or score < best[0]:
             kids = [Child(start + i * k, k, tuple(g)) for i, g in enumerate(groups)]
@@ -140,8 +151,9 @@ def pack_by_nodes(
         return None
     bins, cap = size // seg, problem.capacity(seg)
     best: tuple[Parent, float] | None = None
+    by_work = _lpt(problem, members, bins, seg, cap)
     for assign in (
-        _lpt(problem, members, bins, seg, cap),
+        by_work[0] if by_work is not None else None,
         _first_fit_decreasing(problem, members, bins, cap),
     ):
         if assign is None:
