@@ -27,6 +27,7 @@ yields validated ``PlanRequest`` objects: the one way the CLI and the tests read
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterator
@@ -164,8 +165,8 @@ class PackedLoader(BaseModel):
         pool: list[int] = []
         while sum(pool) < world * cap:
             pool += lengths.draw(rng, DRAW_CHUNK).tolist()
-        covered = next(i for i, _ in enumerate(itertools.accumulate(pool)) if _ >= world * cap)
-        pool = pool[: covered + 1]
+        running = list(itertools.accumulate(pool))
+        pool = pool[: bisect.bisect_left(running, world * cap) + 1]  # just covers the memory
         longest = max(pool)
         fitting = [p for p in allowed if p * cap >= longest]
         size = next(
