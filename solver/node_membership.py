@@ -66,6 +66,8 @@ class NodeSeed:
             for j, (start, size) in enumerate(zip(self.starts, sizes, strict=True))
         ]
         self.times: list[float] = []
+        self.fixed = False
+        """Membership is given: moves stay between the nodes of one parent."""
         self.work = 0
 
     # --- bins -------------------------------------------------------------------------------
@@ -104,11 +106,18 @@ class NodeSeed:
         ]
 
     # --- construction ----------------------------------------------------------------------
-    def place(self) -> bool:
-        """LPT onto bins; False when a sample finds no memory anywhere."""
+    def place(self, fixed: Sequence[Sequence[int]] | None = None) -> bool:
+        """LPT onto bins; False when a sample finds no memory anywhere. With ``fixed`` (the
+        members of every parent) a sample only goes to its own parent's bins."""
         p = self.p
+        self.fixed = fixed is not None
+        owner = {s: j for j, group in enumerate(fixed or []) for s in group}
         for s in sorted(range(p.num_samples), key=lambda s: (-p.work_s[s], s)):
-            fits = [b for b in self._open_bins() if self._room(b, s)]
+            fits = [
+                b
+                for b in self._open_bins()
+                if self._room(b, s) and (not self.fixed or b.parent == owner[s])
+            ]
             if fits:
                 b = min(fits, key=lambda b: (self._load(b) + p.work_s[s] / b.ranks, b.start))
                 self._add(b, s)
@@ -117,6 +126,7 @@ class NodeSeed:
                 j
                 for j in range(len(self.sizes))
                 if self._parent_tokens(j) + p.tokens[s] <= p.capacity(self.sizes[j])
+                and (not self.fixed or j == owner[s])
             ]
             if not holders:
                 return False
@@ -190,7 +200,11 @@ class NodeSeed:
         target = self.times[c] * (1 - 1e-9)
         sources = sorted(self.bins[c], key=lambda b: (-b.work / b.ranks, b.start))
         receivers = sorted(
-            (b for b in self._open_bins() if b.parent != c or not self.whole[c]),
+            (
+                b
+                for b in self._open_bins()
+                if (b.parent != c or not self.whole[c]) and (not self.fixed or b.parent == c)
+            ),
             key=lambda b: (self._load(b), b.start),
         )
         for src in sources:
@@ -239,14 +253,19 @@ class NodeSeed:
 
 
 def node_seed(
-    problem: Problem, sizes: Sequence[int], clock: Budget | None = None, repack: bool = True
+    problem: Problem,
+    sizes: Sequence[int],
+    clock: Budget | None = None,
+    repack: bool = True,
+    fixed: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[list[int]], tuple[Parent, ...]] | None:
     """Membership and layout of the node-level LPT + moves; None if LPT runs out of memory.
-    Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes)."""
+    Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes);
+    with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
     seed = NodeSeed(problem, sizes, repack)
     if problem.num_samples * sum(len(bins) for bins in seed.bins) > MAX_PAIRS:
         return None
-    if not seed.place():
+    if not seed.place(fixed):
         return None
     seed.improve(clock)
     layout = tuple(seed.layout(j) for j in range(len(sizes)))

@@ -115,9 +115,30 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
 def _repack(
     problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
 ) -> _Candidate:
-    """Children for the upstream membership; the bound holds for that membership."""
-    fixed = polish(problem, solve_children(problem, sizes, members, budget), budget)
+    """Children for the upstream membership; the bound holds for that membership. The
+    node-by-node stage with that membership kept is a second candidate."""
+    fixed = _fixed_best(
+        problem, sizes, members, solve_children(problem, sizes, members, budget), budget
+    )
     return _Candidate(fixed.layout, fixed.evaluation, max(fixed.parent_bounds))
+
+
+def _fixed_best(
+    problem: Problem,
+    sizes: list[int],
+    members: list[list[int]],
+    greedy: ChildrenSolution,
+    budget: Budget,
+) -> ChildrenSolution:
+    """Mode ``repack``'s answer for a membership: the greedy children polished by CP-SAT, or
+    the node-by-node layout of the same membership if that is faster."""
+    fixed = polish(problem, greedy, budget)
+    seeded = None if budget.expired() else node_seed(problem, sizes, budget, fixed=members)
+    if seeded is not None:
+        evaluation = evaluate(seeded[1], problem.cost, problem.costs)
+        if evaluation.step_s < fixed.evaluation.step_s:
+            return ChildrenSolution(seeded[1], evaluation, fixed.parent_bounds)
+    return fixed
 
 
 def _repack_parent(
@@ -143,7 +164,7 @@ def _repack_parent(
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
         moved = polish(problem, moved, budget)
         return _Candidate(moved.layout, moved.evaluation, free)
-    best = polish(problem, fixed, budget)
+    best = _fixed_best(problem, sizes, members, fixed, budget)
     if moved.evaluation.step_s < best.evaluation.step_s:
         best = moved  # already beats repack's exact result; one CP-SAT solve per request
     return _Candidate(best.layout, best.evaluation, free)
