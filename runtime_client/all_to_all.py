@@ -20,6 +20,17 @@ GQA: rank j of a group of P needs the KV heads of its query heads. With ``kv_hea
 gets ``kv_heads/P`` of them; with ``kv_heads < P`` (``P % kv_heads == 0``) each KV head is sent
 to ``P/kv_heads`` ranks. The replication is an ``index_select`` before the exchange, so autograd
 sums the replicas' gradients (``index_add``) on the way back.
+
+Copies: the packed send buffer is written ONCE, straight from Q/K/V (KV replication is a
+broadcast inside that copy, not an ``index_select``), into a buffer reused across layers and
+steps (``ExchangeBuffers``, one per row shape and dtype, grown when a step needs more rows).
+The old path (``torch.cat`` of the head slices, then a transposing ``reshape``) copied twice,
+three or four times with replication; it stays as ``fused_pack=False`` for comparison
+(``bench/fused_all_to_all.py`` counts allocations of both).
+
+Overlap: ``RepackComm.to_full_async`` starts the exchange (``async_op=True``) and returns a
+``PendingExchange``; the layer runs independent work and calls ``wait()`` before it needs Q/K/V.
+A buffer in flight is never handed out again until its exchange was waited on.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime_client.exchange_buffers import ExchangeBuffers, PendingExchange
 from runtime_client.groups import RepackGroups
 from runtime_client.local_layout import GroupSite, LocalLayout
 
@@ -78,6 +90,116 @@ def variable_all_to_all(
     return VariableAllToAll.apply(
         x_R, list(site.input_split_sizes), list(site.output_split_sizes), group
     )
+
+
+class FusedSequenceToHeads(torch.autograd.Function):
+    """Q/K/V packed per destination straight into a send buffer, then one all-to-all.
+
+    Forward writes each of Q, K, V once into ``[P, n, C, D]`` (C = local Q heads + 2 x local KV
+    heads; KV replication as a broadcasting copy) and exchanges it; backward exchanges the
+    gradient back and cuts it into dQ, dK, dV (summing the KV replicas).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q_NHD: torch.Tensor,
+        k_NKD: torch.Tensor,
+        v_NKD: torch.Tensor,
+        site: GroupSite,
+        group: dist.ProcessGroup,
+        buffers: ExchangeBuffers,
+        pending: list[Any],
+    ) -> torch.Tensor:
+        n, heads, dim = q_NHD.shape
+        p, kv = site.size, k_NKD.shape[1]
+        h_local, kv_local = heads // p, kv_heads_per_rank(kv, p)
+        chans = h_local + 2 * kv_local
+        send, key = buffers.acquire(p * n, (chans, dim), q_NHD.dtype, q_NHD.device)
+        send_PNCD = send.view(p, n, chans, dim)
+        send_PNCD[:, :, :h_local].copy_(q_NHD.reshape(n, p, h_local, dim).transpose(0, 1))
+        for at, x_NKD in ((h_local, k_NKD), (h_local + kv_local, v_NKD)):
+            _pack_kv(send_PNCD[:, :, at : at + kv_local], x_NKD, p)
+        recv_TCD = send.new_empty((sum(site.output_split_sizes), chans, dim))
+        work = dist.all_to_all_single(
+            recv_TCD,
+            send,
+            list(site.output_split_sizes),
+            list(site.input_split_sizes),
+            group=group,
+            async_op=bool(pending),
+        )
+        if pending:  # the caller waits (PendingExchange); the buffer is released then
+            pending[0].work, pending[0].release = work, lambda: buffers.release(key)
+        else:
+            buffers.release(key)
+        ctx.meta = (site, group, n, heads, kv, dim)
+        return recv_TCD
+
+    @staticmethod
+    def backward(ctx: Any, grad_TCD: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        site, group, n, heads, kv, dim = ctx.meta
+        p = site.size
+        h_local, kv_local = heads // p, kv_heads_per_rank(kv, p)
+        grad_R = _exchange(
+            grad_TCD, list(site.output_split_sizes), list(site.input_split_sizes), group
+        )
+        grad_PNCD = grad_R.view(p, n, h_local + 2 * kv_local, dim)
+        grad_q = grad_PNCD[:, :, :h_local].transpose(0, 1).reshape(n, heads, dim)
+        grad_k = _unpack_kv(grad_PNCD[:, :, h_local : h_local + kv_local], kv, n)
+        grad_v = _unpack_kv(grad_PNCD[:, :, h_local + kv_local :], kv, n)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def _pack_kv(dest_PNKD: torch.Tensor, x_NKD: torch.Tensor, p: int) -> None:
+    """Destination j gets KV heads ``[j*kv/P, (j+1)*kv/P)`` or, when kv < P, head ``j*kv/P``."""
+    n, kv, dim = x_NKD.shape
+    if kv >= p:
+        dest_PNKD.copy_(x_NKD.reshape(n, p, kv // p, dim).transpose(0, 1))
+        return
+    rep = p // kv  # destinations per KV head; the copy broadcasts over them (no index_select)
+    dest_VRN1D = dest_PNKD.view(kv, rep, n, 1, dim)
+    dest_VRN1D.copy_(x_NKD.transpose(0, 1).unsqueeze(1).unsqueeze(3))
+
+
+def _unpack_kv(grad_PNKD: torch.Tensor, kv: int, n: int) -> torch.Tensor:
+    """Gradient of ``_pack_kv``: the transposed copy, with the replicas summed."""
+    p, _, _, dim = grad_PNKD.shape
+    if kv >= p:
+        return grad_PNKD.transpose(0, 1).reshape(n, kv, dim)
+    return grad_PNKD.reshape(kv, p // kv, n, dim).sum(dim=1).transpose(0, 1).contiguous()
+
+
+def fused_sequence_to_heads(
+    q_NHD: torch.Tensor,
+    k_NKD: torch.Tensor,
+    v_NKD: torch.Tensor,
+    site: GroupSite,
+    group: dist.ProcessGroup | None,
+    buffers: ExchangeBuffers,
+    *,
+    async_op: bool = False,
+) -> PendingExchange:
+    """``sequence_to_heads`` with one copy into a reused buffer; optionally asynchronous."""
+    n, heads, _ = q_NHD.shape
+    p = site.size
+    if heads % p:
+        raise ValueError(f"heads {heads} not divisible by group size {p}")
+    kv_local = kv_heads_per_rank(k_NKD.shape[1], p)
+    if n * p != sum(site.input_split_sizes):
+        raise ValueError(f"Expected {sum(site.input_split_sizes) // p} tokens, got {n}.")
+    if group is None and n > 0:  # single-rank group: no exchange, and no copy
+        return PendingExchange((q_NHD, k_NKD, v_NKD))
+    if group is None:
+        # No tokens: the outputs must still depend on Q, K *and* V (empty attention only ties
+        # its output to Q), or their weights get no gradient here but one on other ranks.
+        return PendingExchange(sequence_to_heads(q_NHD, k_NKD, v_NKD, site, group))
+    pending = PendingExchange(())
+    recv_TCD = FusedSequenceToHeads.apply(
+        q_NHD, k_NKD, v_NKD, site, group, buffers, [pending] if async_op else []
+    )
+    pending.outputs = tuple(recv_TCD.split([heads // p, kv_local, kv_local], dim=1))
+    return pending
 
 
 def kv_heads_per_rank(kv_heads: int, group_size: int) -> int:
@@ -138,19 +260,59 @@ def heads_to_sequence(
     return recv_RHD.reshape(p, n, h_local, dim).transpose(0, 1).reshape(n, p * h_local, dim)
 
 
-class RepackComm:
-    """The four exchanges of one step for this rank, bound to its layout and communicators."""
+_PROCESS_BUFFERS = ExchangeBuffers()
+"""Default send buffers of this process, shared by every ``RepackComm`` (one per step)."""
 
-    def __init__(self, layout: LocalLayout, groups: RepackGroups) -> None:
+
+class RepackComm:
+    """The four exchanges of one step for this rank, bound to its layout and communicators.
+
+    ``fused_pack`` (default) writes the send buffer once into ``buffers`` (the process's
+    shared ``ExchangeBuffers`` unless given); False keeps the older cat-and-reshape packing.
+    """
+
+    def __init__(
+        self,
+        layout: LocalLayout,
+        groups: RepackGroups,
+        *,
+        buffers: ExchangeBuffers | None = None,
+        fused_pack: bool = True,
+    ) -> None:
         self.layout = layout
         self.parent_group = groups.group(layout.parent_ranks)
         self.child_group = groups.group(layout.child_ranks)
+        self.buffers = _PROCESS_BUFFERS if buffers is None else buffers
+        self.fused_pack = fused_pack
+
+    def _to_heads(
+        self,
+        q_NHD: torch.Tensor,
+        k_NKD: torch.Tensor,
+        v_NKD: torch.Tensor,
+        site: GroupSite,
+        group: dist.ProcessGroup | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not self.fused_pack:
+            return sequence_to_heads(q_NHD, k_NKD, v_NKD, site, group)
+        q, k, v = fused_sequence_to_heads(q_NHD, k_NKD, v_NKD, site, group, self.buffers).wait()
+        return q, k, v
 
     def to_full(
         self, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Child layout -> parent's head-sharded layout (before full attention)."""
-        return sequence_to_heads(q_NHD, k_NKD, v_NKD, self.layout.to_full, self.parent_group)
+        return self._to_heads(q_NHD, k_NKD, v_NKD, self.layout.to_full, self.parent_group)
+
+    def to_full_async(
+        self, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor
+    ) -> PendingExchange:
+        """``to_full`` started with ``async_op=True``: overlap independent work, then
+        ``wait()`` for ``(q_THD, k_TKD, v_TKD)``. Backward runs synchronously."""
+        site, group = self.layout.to_full, self.parent_group
+        return fused_sequence_to_heads(
+            q_NHD, k_NKD, v_NKD, site, group, self.buffers, async_op=True
+        )
 
     def to_child(self, o_THD: torch.Tensor) -> torch.Tensor:
         """Parent's head-sharded layout -> child layout (after full attention)."""
@@ -160,8 +322,7 @@ class RepackComm:
         self, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sparse layers' Ulysses exchange over the child group."""
-        site = self.layout.child_ulysses
-        return sequence_to_heads(q_NHD, k_NKD, v_NKD, site, self.child_group)
+        return self._to_heads(q_NHD, k_NKD, v_NKD, self.layout.child_ulysses, self.child_group)
 
     def child_to_sequence(self, o_THD: torch.Tensor) -> torch.Tensor:
         """Inverse of ``child_to_heads``."""

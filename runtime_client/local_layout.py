@@ -3,7 +3,9 @@
 Everything here is recomputed from the plan's parents and children with the packing rule
 (design section 3, rule 3) and checked against the plan's own ``tokens``, ``cu_seqlens`` and
 ``all_to_all`` fields: a plan whose fields disagree with its layout fails here, on every rank,
-before any collective could deadlock on mismatched split sizes.
+before any collective could deadlock on mismatched split sizes: every rank checks the whole
+plan (all ranks' split-size rows), not only its own row, so all ranks refuse a bad plan
+together (the plan itself is the same everywhere: see ``agreement.agree_on_plan``).
 
 Conventions:
 
@@ -173,7 +175,9 @@ class LocalLayout:
         p_start, p_end = parent.ranks
         owned = plan.tokens[p_start:p_end]
         to_full = sequence_to_heads_site((p_start, p_end), owned, rank - p_start)
-        _check_splits(plan, rank, to_full)
+        # Every rank's rows, not only this one: a row that is wrong for rank r must stop all
+        # ranks here, or r's peers enter the all-to-all and wait for the group timeout.
+        _check_all_splits(plan)
         c_start, c_end = child.ranks
         child_cu = cumulative([lengths[s] for s in child.samples])
         child_owned = split_tokens(child_cu[-1], c_end - c_start)
@@ -231,22 +235,37 @@ def _check_tiling(plan: Plan, children: list[ChildOut], lengths: list[int], worl
         raise PlanLayoutError(f"parents cover {at} ranks, the plan has {world}")
 
 
-def _check_splits(plan: Plan, rank: int, site: GroupSite) -> None:
+def _check_all_splits(plan: Plan) -> None:
+    """Every rank's split-size rows follow its parent's layout (the same check on every rank).
+
+    Rank r of a parent sends ``[n_r] * P`` and receives the parent's ``tokens``; ``to_child``
+    is the transpose. List comparisons only: O(ranks x parent size) integer compares per step.
+    """
     full, back = plan.all_to_all.to_full, plan.all_to_all.to_child
-    got = (
-        tuple(full.input_split_sizes[rank]),
-        tuple(full.output_split_sizes[rank]),
-        tuple(back.input_split_sizes[rank]),
-        tuple(back.output_split_sizes[rank]),
+    tables = (
+        full.input_split_sizes,
+        full.output_split_sizes,
+        back.input_split_sizes,
+        back.output_split_sizes,
     )
-    want = (
-        site.input_split_sizes,
-        site.output_split_sizes,
-        site.output_split_sizes,
-        site.input_split_sizes,
-    )
-    if got != want:
-        raise PlanLayoutError(f"rank {rank}: plan split sizes {got} differ from layout {want}")
+    if any(len(t) != len(plan.tokens) for t in tables):
+        raise PlanLayoutError(f"split-size tables need one row per rank ({len(plan.tokens)})")
+    for parent in plan.parents:
+        start, end = parent.ranks
+        owned = plan.tokens[start:end]
+        for rank in range(start, end):
+            sends = [plan.tokens[rank]] * (end - start)
+            if (
+                full.input_split_sizes[rank] != sends
+                or full.output_split_sizes[rank] != owned
+                or back.input_split_sizes[rank] != owned
+                or back.output_split_sizes[rank] != sends
+            ):
+                got = tuple(tuple(t[rank]) for t in tables)
+                want = (tuple(sends), tuple(owned), tuple(owned), tuple(sends))
+                raise PlanLayoutError(
+                    f"rank {rank}: plan split sizes {got} differ from layout {want}"
+                )
 
 
 def _local_indices(

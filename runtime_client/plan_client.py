@@ -1,29 +1,21 @@
-"""Plans for the training loop: fetched from the service, prefetched, with a local fallback,
-and agreed on by every rank.
+"""Plans over HTTP: fetched from the service, prefetched, with a local fallback. No torch.
+
+A data-loader worker (or any process without torch) can import this module: it needs httpx,
+tenacity and ``solver`` only; a test imports it with torch blocked. Making every rank of a
+process group hold the same plan is ``runtime_client.agreement`` (torch.distributed).
 
 Fetch: ``POST {service_url}/v1/plans`` with the PlanRequest JSON, a per-attempt timeout, and
-retries with exponential backoff on transport errors, timeouts, 429 (``Retry-After`` honoured,
-capped) and 5xx. When the service cannot deliver, the in-process planner ``solver.planner.plan``
-solves the same request: counted in ``stats.fallbacks`` and logged as a warning, never silent.
+retries (tenacity) with exponential backoff on transport errors, timeouts, 429 (``Retry-After``
+honoured, capped) and 5xx; other 4xx are final (the same request would fail again). When the
+service cannot deliver, the in-process planner ``solver.planner.plan`` solves the same request:
+counted in ``stats.fallbacks`` and logged as a warning, never silent.
 
-Agreement (every rank must run the same layout, or the all-to-alls deadlock or corrupt data):
-
-* the same request gives the same layout everywhere: the service keys plans by
-  ``(job_id, step)`` and returns the stored plan for a repeated key; the fallback planner is
-  deterministic (same request -> same layout in any process);
-* that is necessary, not sufficient (a rank could fall back while the service runs a newer
-  solver, or a wall-clock deadline could fire on one rank), so ``agree_on_plan`` all-gathers a
-  SHA-256 of the plan's *layout* on every step and raises ``PlanMismatchError`` on every rank if
-  any differs. Only the layout is hashed (parents, children, tokens, cu_seqlens, split sizes,
-  mode): metrics such as ``solve_ms`` and fields a service adds may legitimately differ;
-* ``fetch_agreed_plan(strategy="broadcast")`` (default) lets rank 0 fetch and broadcast the plan
-  (one request per step instead of one per rank), then still checks the digest;
-  ``strategy="verify"`` has every rank fetch (relying on the idempotency key) and checks.
+``layout_digest`` (SHA-256 of the fields that decide what every rank does) lives here too, so
+a process without torch can compare plans the way the agreement does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -31,20 +23,16 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
-import torch
-import torch.distributed as dist
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 
 from solver.plan_builder import request_digest
 from solver.planner import plan as local_plan
 from solver.schema import Plan, PlanRequest
 
 logger = logging.getLogger(__name__)
-
-LAYOUT_FIELDS = ("version", "mode", "parents", "children", "tokens", "cu_seqlens", "all_to_all")
-"""Plan fields that decide what every rank does; the agreement digest covers exactly these."""
 
 Source = Literal["service", "fallback", "broadcast"]
 
@@ -191,28 +179,41 @@ class PlanClient:
 
     def _fetch_service(self, request: PlanRequest) -> tuple[Plan, int]:
         body = request.model_dump(mode="json", exclude_none=True)
-        wait, last = self.config.backoff_s, "no attempt made"
-        for attempt in range(1, self.config.retries + 2):
-            if attempt > 1:
+        cfg, attempts = self.config, 0
+
+        def attempt() -> Plan:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1:
                 with self._lock:
                     self.stats.retries += 1
-            try:
-                response = self._http.post("/v1/plans", json=body)
-            except httpx.TransportError as exc:  # connect errors and every kind of timeout
-                last = f"attempt {attempt}: {type(exc).__name__}: {exc}"
-            else:
-                if response.status_code == 200:
-                    return self._parse(request, response, attempt), attempt
-                last = f"attempt {attempt}: HTTP {response.status_code}"
-                if response.status_code != 429 and response.status_code < 500:
-                    # 4xx: the same request would fail again; e.g. 409 = the idempotency key
-                    # was used with a different body.
-                    raise PlanServiceError(last + f": {response.text[:300]}", attempt)
-                wait = _retry_after(response, wait)
-            if attempt <= self.config.retries:
-                time.sleep(min(wait, self.config.max_backoff_s))
-                wait *= 2
-        raise PlanServiceError(last, self.config.retries + 1)
+            return self._post_once(request, body, attempts)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(cfg.retries + 1),
+            wait=_Backoff(cfg.backoff_s, cfg.max_backoff_s),
+            retry=retry_if_exception_type(_Retryable),
+            reraise=True,
+        )
+        try:
+            return retrying(attempt), attempts
+        except _Retryable as exc:
+            raise PlanServiceError(str(exc), attempts) from exc
+
+    def _post_once(self, request: PlanRequest, body: dict[str, Any], attempt: int) -> Plan:
+        """One HTTP attempt: the plan, ``_Retryable`` (try again) or ``PlanServiceError``."""
+        try:
+            response = self._http.post("/v1/plans", json=body)
+        except httpx.TransportError as exc:  # connect errors and every kind of timeout
+            raise _Retryable(f"attempt {attempt}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 200:
+            return self._parse(request, response, attempt)
+        message = f"attempt {attempt}: HTTP {response.status_code}"
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _Retryable(message, _retry_after(response))
+        # Other 4xx: the same request would fail again; e.g. 409 = the idempotency key was
+        # used with a different body.
+        raise PlanServiceError(message + f": {response.text[:300]}", attempt)
 
     @staticmethod
     def _parse(request: PlanRequest, response: httpx.Response, attempt: int) -> Plan:
@@ -240,12 +241,40 @@ class PlanClient:
         self.close()
 
 
-def _retry_after(response: httpx.Response, default: float) -> float:
+class _Retryable(Exception):
+    """An attempt that may succeed if repeated (transport error, 429, 5xx)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """The server's ``Retry-After`` in seconds, when it sent one."""
+
+
+@dataclass(frozen=True)
+class _Backoff:
+    """Tenacity wait: the server's ``Retry-After`` if given, else ``base * 2**(n-1)``; capped."""
+
+    base_s: float
+    cap_s: float
+
+    def __call__(self, state: RetryCallState) -> float:
+        outcome = state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, _Retryable) and exc.retry_after_s is not None:
+            return min(exc.retry_after_s, self.cap_s)
+        return min(self.base_s * 2 ** (state.attempt_number - 1), self.cap_s)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("Retry-After")
     try:
-        return float(value) if value is not None else default
+        return float(value) if value is not None else None
     except ValueError:
-        return default  # an HTTP-date: not worth parsing for sub-second backoffs
+        return None  # an HTTP-date: not worth parsing for sub-second backoffs
+
+
+LAYOUT_FIELDS = ("version", "mode", "parents", "children", "tokens", "cu_seqlens", "all_to_all")
+"""Plan fields that decide what every rank does; the agreement digest covers exactly these."""
 
 
 def layout_digest(plan: Plan) -> bytes:
@@ -255,115 +284,14 @@ def layout_digest(plan: Plan) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
-def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
-    """NCCL only moves device tensors; gloo moves host tensors."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+_MOVED_TO_AGREEMENT = ("NO_PLAN", "agree_on_plan", "broadcast_plan", "fetch_agreed_plan")
 
 
-NO_PLAN = bytes(32)
-"""Digest a rank contributes when it has no plan (its fetch raised): the others fail too."""
+def __getattr__(name: str) -> Any:
+    """Old import path of the torch.distributed agreement (now ``runtime_client.agreement``);
+    resolved lazily, so importing this module never imports torch."""
+    if name in _MOVED_TO_AGREEMENT:
+        from runtime_client import agreement
 
-
-def agree_on_plan(plan: Plan | None, group: dist.ProcessGroup | None = None) -> str:
-    """All-gather every rank's layout digest; raise ``PlanMismatchError`` on all ranks if any
-    differs. Returns the agreed digest (hex). Collective over ``group`` (default: world).
-
-    A rank whose fetch failed passes None, so that the others raise instead of waiting.
-    """
-    device = _collective_device(group)
-    digest = NO_PLAN if plan is None else layout_digest(plan)
-    mine_B = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
-    world = dist.get_world_size(group)
-    gathered = [torch.empty_like(mine_B) for _ in range(world)]
-    dist.all_gather(gathered, mine_B, group=group)
-    # Host sync on GPU backends: 32 bytes per rank, once per step, to compare on the host.
-    by_digest: dict[str, list[int]] = {}
-    for r, digest_B in enumerate(gathered):
-        by_digest.setdefault(digest_B.cpu().numpy().tobytes().hex(), []).append(r)
-    if len(by_digest) > 1 or NO_PLAN.hex() in by_digest:
-        names = {NO_PLAN.hex(): "no plan"}
-        parts = "; ".join(f"{names.get(d, d[:12])}: ranks {rs}" for d, rs in by_digest.items())
-        raise PlanMismatchError(f"ranks disagree on the step's plan: {parts}")
-    return next(iter(by_digest))
-
-
-def broadcast_plan(
-    plan: Plan | None,
-    src: int = 0,
-    group: dist.ProcessGroup | None = None,
-    *,
-    error: str | None = None,
-) -> Plan:
-    """Send ``src``'s plan to every rank of ``group`` (other ranks pass None).
-
-    If ``src`` has no plan it passes ``error`` instead, and every rank raises
-    ``PlanServiceError`` with that message rather than waiting for a plan that never comes.
-    """
-    is_src = dist.get_rank() == src
-    if is_src and (plan is None) == (error is None):
-        raise ValueError("the source rank passes exactly one of plan and error")
-    device = _collective_device(group)
-    if is_src:
-        payload = (error or "").encode() if plan is None else plan.model_dump_json().encode()
-    else:
-        payload = b""
-    # Counts before data: receivers size their buffer from the length; negative = an error.
-    sign = -1 if is_src and plan is None else 1
-    size_1 = torch.tensor([sign * len(payload)], dtype=torch.int64, device=device)
-    dist.broadcast(size_1, src=src, group=group)
-    size = int(size_1.item())  # host sync on GPU backends
-    buffer_B = (
-        torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-        if is_src
-        else torch.empty(abs(size), dtype=torch.uint8, device=device)
-    )
-    if size:  # an empty error message needs no second broadcast
-        dist.broadcast(buffer_B, src=src, group=group)
-    text = buffer_B.cpu().numpy().tobytes()  # host copy on GPU backends
-    if size < 0 or (is_src and plan is None):
-        raise PlanServiceError(f"rank {src} has no plan: {text.decode()}", 0)
-    if is_src and plan is not None:
-        return plan
-    return Plan.model_validate_json(text)
-
-
-def fetch_agreed_plan(
-    client: PlanClient | None,
-    request: PlanRequest,
-    *,
-    strategy: Literal["broadcast", "verify"] = "broadcast",
-    src: int = 0,
-    group: dist.ProcessGroup | None = None,
-) -> FetchedPlan:
-    """The step's plan, identical on every rank of ``group`` (collective; raises on mismatch).
-
-    ``broadcast``: only ``src`` needs a client; ``verify``: every rank fetches with its client.
-    A rank whose fetch raises (fallback disabled, planner error) still joins the collective, so
-    every rank raises instead of hanging until the group timeout.
-    """
-    if strategy == "verify":
-        if client is None:
-            raise ValueError("strategy 'verify' needs a client on every rank")
-        try:
-            fetched = client.get(request)
-        except Exception:
-            with contextlib.suppress(PlanMismatchError):  # this rank raises its own error
-                agree_on_plan(None, group=group)  # makes the other ranks raise
-            raise
-    elif dist.get_rank() == src:
-        if client is None:
-            raise ValueError("the source rank needs a client")
-        try:
-            fetched = client.get(request)
-        except Exception as exc:
-            broadcast_plan(None, src=src, group=group, error=f"{type(exc).__name__}: {exc}")
-            raise
-        broadcast_plan(fetched.plan, src=src, group=group)
-    else:
-        t0 = time.perf_counter()
-        received = broadcast_plan(None, src=src, group=group)
-        fetched = FetchedPlan(received, "broadcast", 0, time.perf_counter() - t0)
-    agree_on_plan(fetched.plan, group=group)
-    return fetched
+        return getattr(agreement, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime_client.all_to_all import RepackComm
+from runtime_client.attention import Impl, repacked_full_attention, repacked_sparse_attention
+from runtime_client.packed_seq import PackedSeqParams
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -148,6 +150,32 @@ class RepackAttention:
         cu = self.comm.layout.cu_seqlens_sparse
         o_THD = varlen_attention(q_THD, k_TKD, v_TKD, cu, window)
         return self.comm.child_to_sequence(o_THD)
+
+
+class VarlenRepackAttention:
+    """The repacked layout through the varlen kernels (``runtime_client.attention``), driven by
+    the data iterator's device ``PackedSeqParams`` (``RepackBatch.full`` / ``.sparse``)."""
+
+    def __init__(
+        self,
+        comm: RepackComm,
+        full: PackedSeqParams,
+        sparse: PackedSeqParams,
+        impl: Impl = "auto",
+    ) -> None:
+        self.comm, self.full_params, self.sparse_params, self.impl = comm, full, sparse, impl
+
+    def full(self, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor) -> torch.Tensor:
+        return repacked_full_attention(
+            q_NHD, k_NKD, v_NKD, self.comm, self.full_params, impl=self.impl
+        )
+
+    def sparse(
+        self, q_NHD: torch.Tensor, k_NKD: torch.Tensor, v_NKD: torch.Tensor, window: int
+    ) -> torch.Tensor:
+        return repacked_sparse_attention(
+            q_NHD, k_NKD, v_NKD, self.comm, self.sparse_params, window, impl=self.impl
+        )
 
 
 def apply_rope(x_NHD: torch.Tensor, pos_N: torch.Tensor, base: float) -> torch.Tensor:

@@ -3,10 +3,12 @@
 Forward: ``to_full`` must deliver exactly the parent's packed tokens with this rank's head slice
 (and the right, replicated KV heads); ``to_child`` must invert it. Backward: the gradients that
 reach each rank's local Q/K/V must equal autograd through the reference gather, including the
-sum over KV replicas. The same for the child-level Ulysses exchange."""
+sum over KV replicas. The same for the child-level Ulysses exchange. Each case runs with every
+packing mode (``MODES``), the reused buffers shared across cases as in training."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 from rt_plans import ChildSpec, hand_plan
 
 from runtime_client.all_to_all import RepackComm, kv_heads_per_rank
+from runtime_client.exchange_buffers import ExchangeBuffers
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
 from runtime_client.local_layout import GroupSite, LocalLayout, plan_lengths
@@ -36,6 +39,9 @@ WIDE: list[
     [(8, [9, 0]), (4, [3, 1]), (2, [4, 5, 6]), (1, [2, 7, 8, 10]), (1, [])],
 ]
 CASES = [("mixed", MIXED, 4), ("wide", WIDE, 4), ("wide", WIDE, 8), ("wide", WIDE, 16)]
+MODES = ("fused", "cat", "async")
+"""Send-buffer packing: one copy into a reused buffer (default), the older cat-and-reshape, and
+the fused one started with ``async_op=True`` and waited on."""
 
 
 def _kv_heads_of(index: int, size: int, kv: int) -> list[int]:
@@ -87,13 +93,24 @@ def _check_site(
     assert torch.equal(back(outs[0].detach()), local[0].detach())  # the inverse exchange
 
 
+def _waited(comm: RepackComm) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``to_full`` through the async path: start, then wait (nothing to overlap here)."""
+
+    def to_full(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return comm.to_full_async(q, k, v).wait()
+
+    return to_full
+
+
 def _worker(rank: int, world: int, plans: list[tuple[Plan, int]]) -> int:
     groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=8, timeout_s=60)).setup()
+    buffers = ExchangeBuffers()
     checked = 0
-    for p, kv in plans:
+    for (p, kv), mode in itertools.product(plans, MODES):
         layouts = [LocalLayout.from_plan(p, r) for r in range(world)]
-        comm = RepackComm(layouts[rank], groups)
-        _check_site(rank, layouts, lambda lay: lay.to_full, comm.to_full, comm.to_child, kv)
+        comm = RepackComm(layouts[rank], groups, buffers=buffers, fused_pack=mode != "cat")
+        to_full = _waited(comm) if mode == "async" else comm.to_full
+        _check_site(rank, layouts, lambda lay: lay.to_full, to_full, comm.to_child, kv)
         _check_site(
             rank,
             layouts,
@@ -110,4 +127,4 @@ def _worker(rank: int, world: int, plans: list[tuple[Plan, int]]) -> int:
 def test_fused_all_to_all_matches_reference_on_16_ranks() -> None:
     plans = [(hand_plan(LENGTHS, layout, kv_heads=kv), kv) for _, layout, kv in CASES]
     assert sum(plan_lengths(plans[0][0])) == sum(LENGTHS)
-    assert run_local_ranks(_worker, 16, plans, timeout_s=240) == [len(CASES)] * 16
+    assert run_local_ranks(_worker, 16, plans, timeout_s=240) == [len(CASES) * len(MODES)] * 16

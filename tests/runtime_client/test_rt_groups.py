@@ -14,6 +14,8 @@ from runtime_client.groups import (
     RepackGroups,
     candidate_blocks,
     communicator_blocks,
+    communicators_per_rank,
+    split_partitions,
 )
 from runtime_client.local_launch import run_local_ranks
 from solver.planner import plan
@@ -81,9 +83,11 @@ def test_config_is_validated() -> None:
         GroupConfig(world_size=16, gpus_per_node=8, parent_sizes=(12,))
 
 
-def _groups_worker(rank: int, world: int) -> list[tuple[int, int]]:
-    groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=8, timeout_s=60))
+def _groups_worker(rank: int, world: int, creation: str) -> list[tuple[int, int]]:
+    cfg = GroupConfig(world_size=world, gpus_per_node=8, timeout_s=60, creation=creation)  # type: ignore[arg-type]
+    groups = RepackGroups(cfg)
     assert groups.setup() is groups.setup()  # second call is a no-op (no new_group calls)
+    assert groups.creation_used == "world"  # gloo cannot split
     for block in groups.member_blocks:
         pg = groups.group(block)
         assert dist.get_world_size(pg) == block[1] - block[0]
@@ -104,7 +108,49 @@ def _groups_worker(rank: int, world: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
-def test_groups_on_16_ranks() -> None:
-    members = run_local_ranks(_groups_worker, 16, timeout_s=120)
-    assert members[0] == [(0, 2), (0, 4), (0, 8)]
-    assert members[13] == [(12, 14), (12, 16), (8, 16)]
+def test_groups_on_32_ranks() -> None:
+    """32 ranks have overlapping wide parents ([0, 16), [8, 24), [16, 32)): rank 8 is in more
+    groups than rank 16 when both reach [8, 24), the case that hung with local creation."""
+    members = run_local_ranks(_groups_worker, 32, "auto", timeout_s=120)
+    assert members[0] == [(0, 2), (0, 4), (0, 8), (0, 16)]
+    assert members[13] == [(12, 14), (12, 16), (8, 16), (0, 16), (8, 24)]
+    assert members[16] == [(16, 18), (16, 20), (16, 24), (8, 24), (16, 32)]
+
+
+@pytest.mark.parametrize(
+    ("world", "parent_sizes", "most"),
+    [(64, None, 9), (1024, None, 129), (1024, (16, 32), 9), (64, (16, 32), 9), (16, (16,), 3)],
+)
+def test_communicators_per_rank(
+    world: int, parent_sizes: tuple[int, ...] | None, most: int
+) -> None:
+    cfg = GroupConfig(world_size=world, gpus_per_node=8, parent_sizes=parent_sizes)
+    counts = communicators_per_rank(cfg)
+    assert max(counts) == most
+    # Every block's members counted once: the per-rank counts add up to the blocks' sizes.
+    assert sum(counts) == sum(e - s for s, e in communicator_blocks(cfg))
+
+
+@pytest.mark.parametrize("world", [16, 32, 64])
+def test_split_partitions_are_disjoint_and_complete(world: int) -> None:
+    cfg = GroupConfig(world_size=world, gpus_per_node=8)
+    parts = split_partitions(cfg)
+    for blocks in parts:
+        ranks = [r for s, e in blocks for r in range(s, e)]
+        assert len(ranks) == len(set(ranks))  # one split_group call = disjoint groups
+    assert sorted(b for blocks in parts for b in blocks) == sorted(communicator_blocks(cfg))
+
+
+def test_bound_device_follows_local_rank_not_current_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decision only (no GPU here): with CUDA, rank LOCAL_RANK=3 uses cuda:3, whatever
+    ``torch.cuda.current_device()`` would say (GPU 0 on every rank until set_device)."""
+    from runtime_client import groups as groups_module
+
+    monkeypatch.setattr(groups_module, "_bound_device", None)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert groups_module.bound_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert groups_module.bound_device() == torch.device("cpu")

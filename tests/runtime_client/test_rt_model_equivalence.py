@@ -15,21 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from rt_equivalence import step_errors
 
-from runtime_client.all_to_all import RepackComm
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
-from runtime_client.local_layout import LocalLayout, plan_lengths
-from runtime_client.plan_client import agree_on_plan
-from runtime_client.toy_model import (
-    RepackAttention,
-    ToyConfig,
-    ToyModel,
-    reference_forward,
-    synthetic_batch,
-)
+from runtime_client.toy_model import ToyConfig, ToyModel
 from solver.planner import plan
 from solver.schema import Plan, PlanRequest
 from solver.validate import validate_plan
@@ -120,64 +110,13 @@ def _scenario() -> list[tuple[Plan, int]]:
     return steps
 
 
-def _grad(param: torch.nn.Parameter) -> torch.Tensor:
-    assert param.grad is not None
-    return param.grad
-
-
-def _step_errors(
-    rank: int, model: ToyModel, ref: ToyModel | None, groups: RepackGroups, p: Plan, seed: int
-) -> torch.Tensor:
-    """Run one step distributed; rank 0 compares with the reference; errors to every rank."""
-    agree_on_plan(p)
-    layout = LocalLayout.from_plan(p, rank)
-    lengths = plan_lengths(p)
-    tokens_T, labels_T = synthetic_batch(lengths, CFG.vocab, seed)
-    total = sum(lengths)
-    model.zero_grad(set_to_none=False)
-    backend = RepackAttention(RepackComm(layout, groups))
-    idx = layout.global_index_N
-    logits_NV = model(tokens_T[idx], layout.position_ids_N, backend)
-    loss = F.cross_entropy(logits_NV, labels_T[idx], reduction="sum") / total
-    loss.backward()
-    # Data-parallel gradient sync: every rank holds a replica and a share of the tokens.
-    for param in model.parameters():
-        dist.all_reduce(_grad(param))
-    loss_sum = loss.detach().clone()
-    dist.all_reduce(loss_sum)
-    logits_TV = torch.zeros(total, CFG.vocab)
-    logits_TV[idx] = logits_NV.detach()
-    dist.all_reduce(logits_TV)  # each token is owned by exactly one rank
-    errors = torch.zeros(4)
-    if ref is not None:
-        ref.zero_grad(set_to_none=False)
-        ref_logits = reference_forward(ref, tokens_T, layout.global_cu_seqlens)
-        ref_loss = F.cross_entropy(ref_logits, labels_T, reduction="sum") / total
-        ref_loss.backward()
-        grad_err = max(
-            float((_grad(a) - _grad(b)).abs().max())
-            for a, b in zip(model.parameters(), ref.parameters(), strict=True)
-        )
-        smallest_grad = min(float(_grad(b).abs().max()) for b in ref.parameters())
-        errors = torch.tensor(
-            [
-                float((logits_TV - ref_logits.detach()).abs().max()),
-                float((loss_sum - ref_loss.detach()).abs()),
-                grad_err,
-                smallest_grad,
-            ]
-        )
-    dist.broadcast(errors, src=0)
-    return errors
-
-
 def _worker(rank: int, world: int, steps: list[tuple[Plan, int]]) -> list[list[float]]:
     groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=GPUS, timeout_s=120))
     groups.setup()
     torch.manual_seed(0)  # same initial weights on every rank and in the reference
     model = ToyModel(CFG)
     ref = copy.deepcopy(model) if rank == 0 else None
-    return [_step_errors(rank, model, ref, groups, p, seed).tolist() for p, seed in steps]
+    return [step_errors(CFG, model, ref, groups, p, seed).tolist() for p, seed in steps]
 
 
 @pytest.mark.slow

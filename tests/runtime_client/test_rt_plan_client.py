@@ -11,14 +11,13 @@ from collections.abc import Iterator
 import pytest
 from rt_service import PlanService, ServiceBehaviour, toy_request
 
+from runtime_client.agreement import agree_on_plan, fetch_agreed_plan
 from runtime_client.local_launch import RankFailure, run_local_ranks
 from runtime_client.plan_client import (
     PlanClient,
     PlanClientConfig,
     PlanMismatchError,
     PlanServiceError,
-    agree_on_plan,
-    fetch_agreed_plan,
     layout_digest,
 )
 from solver.planner import plan as local_plan
@@ -164,8 +163,9 @@ def test_fallback_plan_equals_service_plan_for_every_mode(service: PlanService) 
 
 
 def _verify_worker(rank: int, world: int, good: str, bad: str) -> tuple[str, str]:
-    # Half the ranks cannot reach the service and fall back; the layouts must still agree.
-    with _client(good if rank % 2 else bad, retries=0, timeout_s=1.0) as client:
+    # Half the ranks cannot reach the service and fall back; the layouts must still agree. The
+    # generous timeout keeps a loaded machine from turning the service ranks into fallbacks too.
+    with _client(good if rank % 2 else bad, retries=0, timeout_s=30.0) as client:
         fetched = fetch_agreed_plan(client, toy_request(30), strategy="verify")
     return fetched.source, layout_digest(fetched.plan).hex()
 
@@ -240,3 +240,10 @@ def test_a_failed_fetch_fails_every_rank_instead_of_hanging(
     else:
         assert results[1].startswith("PlanServiceError")
         assert all("no plan: ranks [1]" in r for i, r in enumerate(results) if i != 1)
+
+
+def test_old_import_path_of_the_agreement_still_works() -> None:
+    from runtime_client import agreement, plan_client
+
+    assert plan_client.fetch_agreed_plan is agreement.fetch_agreed_plan
+    assert plan_client.agree_on_plan is agreement.agree_on_plan
