@@ -1,4 +1,7 @@
-# repack plan service. Build: docker build -t repack .   Run: docker run -p 8000:8000 -v repack-data:/data repack
+# repack plan service. Build: docker build -t repack .
+# Run: docker run -p 8000:8000 -v repack-data:/data -e REPACK_TOKENS_FILE=/data/tokens.yaml repack
+# (tokens: `repack token NAME`, docs/api.md; REPACK_ALLOW_ANONYMOUS=true serves anyone instead).
+# Several replicas behind nginx on PostgreSQL: deploy/compose.yaml.
 # Stage 1 builds a virtual environment with the service's dependencies; stage 2 copies only it.
 FROM python:3.11-slim AS build
 WORKDIR /src

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.database import Database
 from api.metrics import ServiceMetrics
 from api.plan_service import PlanService
 from api.settings import Settings
 from api.solver_pool import SolverPool
-from api.storage import PlanStore
 
 
 def _settings(request: Request) -> Settings:
@@ -23,8 +23,8 @@ def _service(request: Request) -> PlanService:
     return service
 
 
-def _store(request: Request) -> PlanStore:
-    return _service(request).store
+def _database(request: Request) -> Database:
+    return _service(request).db
 
 
 def _pool(request: Request) -> SolverPool:
@@ -38,6 +38,8 @@ def _metrics(request: Request) -> ServiceMetrics:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 ServiceDep = Annotated[PlanService, Depends(_service)]
-StoreDep = Annotated[PlanStore, Depends(_store)]
+DatabaseDep = Annotated[Database, Depends(_database)]
+StoreDep = DatabaseDep
+"""Older name of ``DatabaseDep`` (the time-bounded store)."""
 PoolDep = Annotated[SolverPool, Depends(_pool)]
 MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]

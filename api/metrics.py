@@ -5,7 +5,16 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -47,9 +56,26 @@ class ServiceMetrics:
         )
         self.rejected = Counter(
             "repack_rejected_total",
-            "Requests answered 429 because the queue was full.",
+            "Requests answered 429, by reason (queue_full, deadline, rate_limit).",
+            ["reason"],
             registry=r,
         )
+        self.solve_time = Histogram(
+            "repack_solve_seconds",
+            "Wall time of plan() for fresh solves (the plan's metrics.solve_ms).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "repack_queue_wait_seconds",
+            "Admission to answer of fresh solves, minus the solve (queue, IPC, store).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # Process and runtime metrics (process_*, python_gc_*), as the default registry has.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self.queue = Gauge("repack_solver_pending", "Solves running or queued.", registry=r)
         self.recent_gap = Gauge(
             "repack_recent_gap", "Gap to the lower bound over recent plans.", ["stat"], registry=r

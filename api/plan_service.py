@@ -1,33 +1,47 @@
 """Idempotent planning: one plan per key, solved once, stored once, replayed byte for byte.
 
-The key is the plan id the solver derives: ``{job_id}-{step}`` when both are given, else
-``{mode}-{digest}`` of the request. The request digest (the solver's ``request_digest``:
-SHA-256 of the validated request without ``deadline_ms``, first 16 hex digits) decides whether
-a second request for a key is a replay (same digest) or a conflict (409). ``deadline_ms`` is
-left out on purpose: ranks of one job may wait with different budgets, and they must still get
-the same plan.
+Keys live in two namespaces (``api/storage.py``): a request with ``job_id`` and ``step`` is the
+named key ``{job_id}-{step}``; any other is the anonymous key ``{mode}-{digest}``. The request
+digest (SHA-256 of the validated request without ``deadline_ms``, first 16 hex digits) decides
+whether a second request for a named key is a replay (same digest) or a conflict.
+``deadline_ms`` is left out on purpose: ranks of one job may wait with different budgets, and
+they must still get the same plan.
+
+Single flight holds on two levels: within a process, requests for a key join one task; across
+replicas, the task first claims the key in the database (``plan_claims``), and a replica that
+finds it claimed waits for the plan to appear instead of solving it again.
+
+Every answer comes within the request's budget plus one database timeout: each database call
+is bounded by what is left of that (``api/database.py``). This module raises domain errors
+(``api/errors.py``); ``api/problems.py`` maps them to HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import OrderedDict
-from concurrent.futures.process import BrokenProcessPool
+import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Literal
+from datetime import timedelta
+from typing import Any, Literal
 
-from starlette.concurrency import run_in_threadpool
+from cachetools import LRUCache
 
+from api.database import Database
+from api.errors import IdempotencyConflict, RequestTooLarge, Saturated, SolveElsewhere
 from api.metrics import ServiceMetrics
-from api.problems import ProblemError
-from api.solver_pool import Rejected, Saturated, Solved, SolverPool
-from api.storage import PlanStore, StoredPlan
+from api.solver_pool import Rejected, SolverPool
+from api.storage import PlanKey, StoredPlan, key_of, utcnow
 from solver.errors import PlanningError
 from solver.plan_builder import plan_id_for, request_digest
 from solver.schema import PlanRequest
 
 Source = Literal["solved", "inflight", "memory", "database"]
+POLL_FIRST_S = 0.01
+POLL_MAX_S = 0.1
+"""How often a replica waiting for another replica's solve looks for the plan."""
 
 
 @dataclass(frozen=True)
@@ -36,26 +50,21 @@ class PlanAnswer:
     source: Source
 
 
-class PlanCache:
-    """Bounded LRU of stored plans; safe because a stored plan never changes."""
+@dataclass(frozen=True)
+class WorkLimits:
+    """The largest request a solver worker is given (``RequestTooLarge`` beyond)."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, StoredPlan] = OrderedDict()
+    max_samples: int
+    max_samples_x_ranks: int
 
-    def get(self, plan_id: str) -> StoredPlan | None:
-        item = self._items.get(plan_id)
-        if item is not None:
-            self._items.move_to_end(plan_id)
-        return item
 
-    def put(self, item: StoredPlan) -> None:
-        if self.size == 0:
-            return
-        self._items[item.plan_id] = item
-        self._items.move_to_end(item.plan_id)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+@dataclass(frozen=True)
+class _Budget:
+    deadline_at: float
+    """When the plan is due (monotonic); the solver's budget ends here."""
+    answer_by: float
+    """When the answer is due at the latest: the deadline plus one database timeout."""
+    budget_ms: float
 
 
 class PlanService:
@@ -63,118 +72,197 @@ class PlanService:
 
     def __init__(
         self,
-        store: PlanStore,
+        db: Database,
         pool: SolverPool,
         metrics: ServiceMetrics,
         cache_size: int,
         default_deadline_ms: int,
+        work: WorkLimits,
     ) -> None:
-        self.store = store
+        self.db = db
         self.pool = pool
         self.metrics = metrics
-        self.cache = PlanCache(cache_size)
+        self.cache: LRUCache[PlanKey, StoredPlan] | None = (
+            LRUCache(cache_size) if cache_size else None
+        )
         self.default_deadline_ms = default_deadline_ms
-        self._inflight: dict[str, asyncio.Task[StoredPlan]] = {}
+        self.work = work
+        self.owner = uuid.uuid4().hex
+        """This process's name on the claims it takes."""
+        self._inflight: dict[PlanKey, asyncio.Task[tuple[StoredPlan, Source]]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _cached(self, key: PlanKey) -> StoredPlan | None:
+        return None if self.cache is None else self.cache.get(key)
+
+    def _remember(self, key: PlanKey, stored: StoredPlan) -> None:
+        if self.cache is not None:
+            self.cache[key] = stored
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop a deleted job's plans from memory (its named keys start with ``job_id-``)."""
+        if self.cache is None:
+            return
+        prefix = f"{job_id}-"
+        for key in [k for k in self.cache if k.kind == "named" and k.plan_id.startswith(prefix)]:
+            rest = key.plan_id[len(prefix) :]
+            if rest.isdigit():
+                self.cache.pop(key, None)
 
     async def get(self, plan_id: str) -> bytes | None:
-        cached = self.cache.get(plan_id)
-        if cached is None:
-            cached = await run_in_threadpool(self.store.get, plan_id)
+        """A stored plan by id (a named plan wins over an anonymous one with the same id)."""
+        for kind in ("named", "anonymous"):
+            cached = self._cached(PlanKey(kind, plan_id))
             if cached is not None:
-                self.cache.put(cached)
-        return None if cached is None else cached.body
+                return cached.body
+        stored = await self.db.get(plan_id)
+        return None if stored is None else stored.body
+
+    def check_size(self, request: PlanRequest) -> None:
+        """Refuse work no deadline can serve before it reaches a worker."""
+        samples, ranks = len(request.lengths), request.cluster.world_size
+        if samples > self.work.max_samples:
+            raise RequestTooLarge(
+                "lengths",
+                f"{samples} samples exceed the limit of {self.work.max_samples} per request "
+                "(REPACK_MAX_SAMPLES)",
+            )
+        if samples * ranks > self.work.max_samples_x_ranks:
+            raise RequestTooLarge(
+                "lengths",
+                f"{samples} samples x {ranks} ranks = {samples * ranks} exceed the limit of "
+                f"{self.work.max_samples_x_ranks} (REPACK_MAX_SAMPLES_X_RANKS)",
+            )
 
     async def plan(self, request: PlanRequest) -> PlanAnswer:
         """The plan for ``request``'s key; solves only if no plan exists or is being made."""
         started = time.monotonic()
+        self.check_size(request)
         budget_ms = request.deadline_ms or self.default_deadline_ms
-        plan_id = plan_id_for(request, request.resolved_mode)
+        deadline_at = started + budget_ms / 1e3
+        budget = _Budget(deadline_at, deadline_at + self.db.timeout_s, budget_ms)
+        key = key_of(request, plan_id_for(request, request.resolved_mode))
         digest = request_digest(request)
-        answer = await self._existing(plan_id, digest)
-        if answer is None:
-            task = self._inflight.get(plan_id)
-            if task is not None:
-                self.metrics.cache_hits.labels(source="inflight").inc()
-                stored = await asyncio.shield(task)
-                answer = PlanAnswer(self._check(stored, digest).body, "inflight")
-            else:
-                answer = await self._lead(request, plan_id, digest, started + budget_ms / 1e3)
+        stored = self._cached(key)
+        if stored is not None:
+            self.metrics.cache_hits.labels(source="memory").inc()
+            answer = PlanAnswer(_check(stored, digest).body, "memory")
+        else:
+            answer = await self._shared(request, key, digest, budget)
         if (time.monotonic() - started) * 1e3 > budget_ms:
             self.metrics.late.inc()
         return answer
 
-    async def _existing(self, plan_id: str, digest: str) -> PlanAnswer | None:
-        """The stored plan for this key, from memory or the database, if there is one."""
-        source: Source = "memory"
-        stored = self.cache.get(plan_id)
-        if stored is None and plan_id not in self._inflight:
-            source = "database"
-            stored = await run_in_threadpool(self.store.get, plan_id)
-            if stored is not None:
-                self.cache.put(stored)
-            else:  # a solve of this key may have finished while the database was read
-                source, stored = "memory", self.cache.get(plan_id)
-        if stored is None:
-            return None
-        self.metrics.cache_hits.labels(source=source).inc()
-        return PlanAnswer(self._check(stored, digest).body, source)
-
-    async def _lead(
-        self, request: PlanRequest, plan_id: str, digest: str, deadline_at: float
+    async def _shared(
+        self, request: PlanRequest, key: PlanKey, digest: str, budget: _Budget
     ) -> PlanAnswer:
+        """Join the key's running task in this process, or start it."""
+        task = self._inflight.get(key)
+        joined = task is not None
+        if task is None:
+            task = asyncio.create_task(self._obtain(request, key, digest, budget))
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._forget(key, done))
+        else:
+            self.metrics.cache_hits.labels(source="inflight").inc()
         try:
-            solving = self.pool.submit(request, digest, deadline_at)
-        except Saturated as exc:
-            self.metrics.rejected.inc()
-            raise ProblemError(
-                429,
-                "saturated",
-                f"{exc.reason}; retry later",
-                headers={"Retry-After": str(exc.retry_after_s)},
-            ) from exc
-        self.metrics.queue.set(self.pool.pending)
-        task = asyncio.create_task(self._finish(solving))
-        self._inflight[plan_id] = task
-        task.add_done_callback(lambda done: self._forget(plan_id, done))
-        stored = await asyncio.shield(task)
-        return PlanAnswer(self._check(stored, digest).body, "solved")
+            stored, source = await asyncio.wait_for(
+                asyncio.shield(task), budget.answer_by - time.monotonic()
+            )
+        except TimeoutError:
+            raise SolveElsewhere(
+                "the plan for this key is still being made; retry later", 1
+            ) from None
+        return PlanAnswer(_check(stored, digest).body, "inflight" if joined else source)
 
-    def _forget(self, plan_id: str, done: asyncio.Task[StoredPlan]) -> None:
-        """Drop a finished solve from the in-flight map. Its exception, if any, is marked as
+    def _forget(self, key: PlanKey, done: asyncio.Task[tuple[StoredPlan, Source]]) -> None:
+        """Drop a finished task from the in-flight map. Its exception, if any, is marked as
         retrieved here: every waiter got it, and one whose client left must not log it again."""
-        self._inflight.pop(plan_id, None)
+        self._inflight.pop(key, None)
         if not done.cancelled():
             done.exception()
 
-    async def _finish(self, solving: asyncio.Future[Solved | Rejected]) -> StoredPlan:
-        """Await the worker (which stored the plan) and publish the result."""
+    async def _obtain(
+        self, request: PlanRequest, key: PlanKey, digest: str, budget: _Budget
+    ) -> tuple[StoredPlan, Source]:
+        """The stored plan if there is one; else claim the key and solve it, or wait for the
+        replica whose claim holds it (taking over if that claim expires)."""
+        stored = await self.db.get_key(key, until=budget.answer_by)
+        if stored is not None:
+            self.metrics.cache_hits.labels(source="database").inc()
+            self._remember(key, stored)
+            return stored, "database"
+        expires_at = utcnow() + timedelta(
+            seconds=self.pool.hard_stop_s(budget.budget_ms) + 2 * self.db.timeout_s
+        )
+        delay = POLL_FIRST_S
+        while True:
+            claimed = await self.db.claim(key, self.owner, expires_at, budget.answer_by)
+            if isinstance(claimed, StoredPlan):
+                self.metrics.cache_hits.labels(source="database").inc()
+                self._remember(key, claimed)
+                return claimed, "database"
+            if claimed:
+                return await self._solve(request, key, digest, budget), "solved"
+            if time.monotonic() + delay > budget.deadline_at:
+                raise SolveElsewhere(
+                    "another replica is solving this key and did not finish within the "
+                    "deadline; retry later",
+                    1,
+                )
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, POLL_MAX_S)
+
+    async def _solve(
+        self, request: PlanRequest, key: PlanKey, digest: str, budget: _Budget
+    ) -> StoredPlan:
+        """Solve in a worker and store the plan (dropping our claim); on any failure the
+        claim is given back so that a retry, here or on another replica, may solve it."""
         try:
-            solved = await solving
-        except BrokenProcessPool as exc:
-            raise ProblemError(
-                503,
-                "solver-unavailable",
-                "a solver worker died; the pool was restarted",
-                headers={"Retry-After": str(self.pool.retry_after_s)},
-            ) from exc
-        finally:
+            try:
+                solving = self.pool.submit(request, digest, budget.deadline_at, budget.budget_ms)
+            except Saturated as exc:
+                self.metrics.rejected.labels(reason=exc.reason).inc()
+                raise
             self.metrics.queue.set(self.pool.pending)
-        if isinstance(solved, Rejected):
-            raise PlanningError(solved.field, solved.message)
-        self.cache.put(solved.stored)
-        if solved.fresh:  # count plans this instance made, not lost races
+            try:
+                solved = await solving
+            finally:
+                self.metrics.queue.set(self.pool.pending)
+            if isinstance(solved, Rejected):
+                raise PlanningError(solved.field, solved.message)
+            row = solved.plan_row()
+            body = row.body.encode()
+            # Not bounded by the request's budget (its answer is, in ``_shared``): a plan
+            # that came late is still stored, so that the retry replays it.
+            stored = await self.db.insert(row, self.owner)
+        except BaseException:
+            self._in_background(self.db.release(key, self.owner))
+            raise
+        self._remember(key, stored)
+        if stored.body == body:  # count plans this instance made, not lost races
             self.metrics.observe_plan(
                 solved.status, solved.mode, solved.stopped_by, solved.gap, solved.speedup
             )
-        return solved.stored
-
-    @staticmethod
-    def _check(stored: StoredPlan, digest: str) -> StoredPlan:
-        if stored.request_digest != digest:
-            raise ProblemError(
-                409,
-                "idempotency-conflict",
-                f"plan {stored.plan_id} exists for a different request body; the key "
-                "(job_id, step) may only be reused with the same body (deadline_ms aside)",
-            )
         return stored
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Best-effort clean-up that no request waits for (a failed release only delays a
+        retry until the claim expires)."""
+
+        async def quietly() -> None:
+            with contextlib.suppress(Exception):  # already logged by the database guard
+                await work
+
+        task = asyncio.create_task(quietly())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _check(stored: StoredPlan, digest: str) -> StoredPlan:
+    if stored.request_digest != digest:
+        raise IdempotencyConflict(
+            f"plan {stored.plan_id} exists for a different request body; the key "
+            "(job_id, step) may only be reused with the same body (deadline_ms aside)"
+        )
+    return stored

@@ -13,6 +13,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.errors import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    JobNotFound,
+    PlanNotFound,
+    RequestTooLarge,
+    Saturated,
+    ServiceError,
+    SolveElsewhere,
+    SolverUnavailable,
+)
 from solver.errors import PlanningError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -100,20 +111,31 @@ def problem_response(
 
 
 def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
-    return [
+    errors = [
         FieldError(
             location=format_location(err.get("loc", ())),
-            detail=str(err.get("msg", "invalid")),
+            detail=_detail(err),
             type=str(err.get("type", "value_error")),
         )
         for err in exc.errors()
     ]
+    # A misspelled key ("lenghts") also makes the real one missing: the typo goes first.
+    return sorted(errors, key=lambda e: e.type != "extra_forbidden")
+
+
+def _detail(err: Mapping[str, Any]) -> str:
+    if err.get("type") == "extra_forbidden" and err.get("loc"):
+        return f"unknown field {err['loc'][-1]}"
+    return str(err.get("msg", "invalid"))
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = _validation_errors(exc)
-    where = ", ".join(e.location for e in errors[:5])
+    where = ", ".join(
+        f"unknown field {e.location}" if e.type == "extra_forbidden" else e.location
+        for e in errors[:5]
+    )
     return problem_response(
         request, 422, f"invalid request: {where}", slug="validation-error", errors=errors
     )
@@ -125,8 +147,52 @@ async def _on_planning(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 422, str(exc), slug="planning-error", errors=[error])
 
 
+SERVICE_ERRORS: dict[type[ServiceError], tuple[int, str]] = {
+    DatabaseUnavailable: (503, "database-unavailable"),
+    Saturated: (429, "saturated"),
+    SolverUnavailable: (503, "solver-unavailable"),
+    SolveElsewhere: (503, "plan-in-progress"),
+    IdempotencyConflict: (409, "idempotency-conflict"),
+    PlanNotFound: (404, "plan-not-found"),
+    JobNotFound: (404, "job-not-found"),
+    RequestTooLarge: (422, "request-too-large"),
+}
+"""The one mapping from the service's domain errors to status codes and problem types."""
+
+
+async def _on_service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    status, slug = SERVICE_ERRORS.get(type(exc), (500, "internal"))
+    if status in (429, 503) and not isinstance(exc, DatabaseUnavailable):  # that one: storage
+        log.warning(
+            "answered %d %s: %s",
+            status,
+            slug,
+            exc.message,
+            extra={
+                "status": status,
+                "reason": getattr(exc, "reason", slug),
+                "path": request.url.path,
+            },
+        )
+    headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    errors = None
+    if isinstance(exc, RequestTooLarge):
+        location = f"body.{exc.field}"
+        errors = [FieldError(location=location, detail=exc.message, type="too_large")]
+    return problem_response(request, status, exc.message, slug=slug, errors=errors, headers=headers)
+
+
 async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProblemError)
+    if exc.status_code >= 500:
+        log.warning(
+            "answered %d %s: %s",
+            exc.status_code,
+            exc.slug,
+            exc.detail,
+            extra={"status": exc.status_code, "reason": exc.slug, "path": request.url.path},
+        )
     return problem_response(
         request, exc.status_code, exc.detail, slug=exc.slug, headers=exc.headers
     )
@@ -144,13 +210,22 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-    return problem_response(request, 500, "internal error; see the service log", slug="internal")
+    # The server closes the connection after an unhandled error; saying so lets a keep-alive
+    # client open a new one instead of failing its next request on a reset.
+    return problem_response(
+        request,
+        500,
+        "internal error; see the service log",
+        slug="internal",
+        headers={"Connection": "close"},
+    )
 
 
 def install_problem_handlers(app: FastAPI) -> None:
     """Route every error the app can raise to a problem+json answer."""
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(PlanningError, _on_planning)
+    app.add_exception_handler(ServiceError, _on_service_error)
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
+from api.auth import load_tokens
+from api.database import open_store
+from api.errors import DatabaseUnavailable
+from api.logging_setup import configure_logging
 from api.main import create_app
-from api.settings import Settings
+from api.settings import Settings, db_timeouts
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -22,19 +27,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def uvicorn_config(settings: Settings) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, *, own_logging: bool = False) -> uvicorn.Config:
+    """``own_logging``: uvicorn's loggers propagate to the service's JSON handler instead of
+    getting uvicorn's text handlers (for ``repack serve``; tests keep uvicorn's)."""
+    extra: dict[str, Any] = {"log_config": None} if own_logging else {}
     return uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=False,  # one log line per plan request would dominate the service's CPU
+        access_log=False,  # the per-plan line (api/plan_log.py) says more at a fraction of it
+        **extra,
     )
 
 
 def serve(settings: Settings) -> None:
-    """Serve until interrupted (uvicorn installs the signal handlers)."""
-    uvicorn.Server(uvicorn_config(settings)).run()
+    """Serve until interrupted (uvicorn installs the signal handlers), logging JSON lines.
+    The database is opened and migrated first, so that a wrong URL ends the command with one
+    line, not a traceback."""
+    if settings.tokens_file is not None:
+        load_tokens(settings.tokens_file)  # a bad tokens file is one line, before anything runs
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        open_store(settings.database_url, db_timeouts(settings)).close()
+    except DatabaseUnavailable as exc:
+        raise SystemExit(f"repack serve: error: {exc}") from None
+    uvicorn.Server(uvicorn_config(settings, own_logging=True)).run()
 
 
 class ServerThread:

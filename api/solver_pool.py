@@ -3,51 +3,80 @@
 ``plan()`` is CPU-bound Python, so threads would serialise on the GIL and slow the event loop;
 worker processes solve in parallel. Workers are forked from a ``forkserver`` that imported the
 solver once, so a fresh worker costs milliseconds, and the loop process never forks itself.
-A worker also stores the plan it made (its own database connections), so a new plan costs the
-event loop's process no serialisation and no database write.
+Workers only solve: the event loop's process stores the plan (``api/database.py``), so every
+database wait is bounded in one place and a worker never holds a database connection.
+
+Each worker is bounded: it dies with the service (parent-death watch), it may use at most
+``memory_mb`` of address space (``RLIMIT_AS``), a solve running past its hard limit (a multiple
+of its deadline) is killed by the kernel (``SIGALRM``, default action), and a worker is
+replaced after ``max_tasks`` solves so that a slow leak cannot grow without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import logging
 import math
 import multiprocessing
+import os
+import resource
+import select
+import signal
+import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
-from api.storage import PlanStore, StoredPlan, plan_row
+from api.errors import RequestTooLarge, Saturated, SolverUnavailable
+from api.storage import PlanRow, plan_row
 from solver.errors import PlanningError
 from solver.plan_builder import canonical_json
 from solver.planner import plan
 from solver.schema import PlanRequest
 
+log = logging.getLogger("repack.solver_pool")
+
 INITIAL_MEAN_S = 0.05
 """Assumed solve time (and admission-to-answer time) until the first solves are measured."""
 WARMUP_REQUEST = PlanRequest(cluster={"nodes": 1}, lengths=[1024, 512])
 """A tiny step every worker solves at start, so the first real request finds it warm."""
+PR_SET_PDEATHSIG = 1
+"""prctl option: the signal a process gets when its parent dies (Linux)."""
+ROW_COLUMNS = tuple(c.name for c in PlanRow.__table__.columns)
 
 
-_store: PlanStore | None = None
-"""The worker process's own repository (set by ``_init_worker``)."""
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What one worker may spend (0 = unlimited)."""
+
+    memory_mb: int
+    max_tasks: int
+    hard_stop_factor: float
+    """A solve is killed once it has run this many times its request's deadline..."""
+    hard_stop_min_s: float
+    """...but never sooner than this (a tiny deadline still allows the greedy plan)."""
 
 
 @dataclass(frozen=True)
 class Solved:
-    """A worker's answer: what is stored for the key now, and the quality of the plan made."""
+    """A worker's answer: the row to store and the quality of the plan made."""
 
-    stored: StoredPlan
+    row: dict[str, Any]
     worker_s: float
-    """Seconds the worker spent on this request (solve and store)."""
-    fresh: bool
-    """True when this solve's plan is the stored one (False: another writer was first)."""
+    """Seconds the worker spent on this request."""
     mode: str
     status: str
     stopped_by: str | None
     gap: float | None
     speedup: float
+
+    def plan_row(self) -> PlanRow:
+        return PlanRow(**self.row)
 
 
 @dataclass(frozen=True)
@@ -59,59 +88,87 @@ class Rejected:
     message: str
 
 
-class Saturated(Exception):
-    """The request cannot be solved now (``reason``); ``retry_after_s`` says when to retry."""
+def _watch_parent(main_pid: int) -> None:
+    """Exit as soon as ``main_pid`` (the service) is gone, whatever killed it.
 
-    def __init__(self, reason: str, retry_after_s: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-
-def _init_worker(database_url: str) -> None:
-    """Open the worker's database and move the imports out of the garbage collector's reach.
-
-    ``plan()`` allocates enough to trigger full collections, and each one would otherwise walk
-    every object the imports of numpy, pydantic and OR-Tools left behind.
+    The worker's own parent is the forkserver, so ``PR_SET_PDEATHSIG`` alone would not notice
+    the service dying; a pidfd becomes readable when the process exits (Linux >= 5.3), with a
+    once-a-second poll as the fallback.
     """
-    global _store
-    _store = PlanStore(database_url)
+    try:
+        fd = os.pidfd_open(main_pid)
+    except (AttributeError, OSError):
+        fd = -1
+
+    def watch() -> None:
+        if fd >= 0:
+            select.select([fd], [], [])
+        else:
+            while os.getppid() != 1:
+                try:
+                    os.kill(main_pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _die_with_parent() -> None:
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _init_worker(main_pid: int, memory_mb: int) -> None:
+    """Bound the worker (parent death, memory, hard stop) and move the imports out of the
+    garbage collector's reach: ``plan()`` allocates enough to trigger full collections, and
+    each would otherwise walk every object the imports of numpy, pydantic and OR-Tools left."""
+    _die_with_parent()
+    _watch_parent(main_pid)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the hard stop: the kernel ends the process
+    if memory_mb > 0:
+        limit = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     gc.collect()
     gc.freeze()
 
 
-def warm_worker() -> None:
+def warm_worker() -> int:
     """Solve a tiny step (not stored) so the first real request finds the worker warm."""
     plan(WARMUP_REQUEST)
+    return os.getpid()
 
 
-def solve_and_store(
+def solve(
     request: PlanRequest,
     digest: str,
     deadline_at: float,
     margin_ms: float,
     min_budget_ms: float,
+    hard_stop_s: float,
 ) -> Solved | Rejected:
-    """Runs in a worker process: plan within what is left of the deadline, then store it.
+    """Runs in a worker process: plan within what is left of the deadline.
 
     ``deadline_at`` is a ``time.monotonic()`` instant; the monotonic clock is system-wide on
-    Linux, so the time the request spent queued counts against its budget. The insert is
-    first-writer-wins, so the answer is whatever the key holds afterwards.
+    Linux, so the time the request spent queued counts against its budget.
     """
     start = time.monotonic()
-    budget_ms = max(min_budget_ms, (deadline_at - start) * 1e3 - margin_ms)
+    signal.setitimer(signal.ITIMER_REAL, hard_stop_s)
     try:
-        result = plan(request, deadline_ms=budget_ms)
-    except PlanningError as exc:
-        return Rejected(exc.field, exc.message)
-    body = canonical_json(result)
-    assert _store is not None, "worker started without _init_worker"
-    stored = _store.insert(plan_row(request, digest, result, body))
+        budget_ms = max(min_budget_ms, (deadline_at - start) * 1e3 - margin_ms)
+        try:
+            result = plan(request, deadline_ms=budget_ms)
+        except PlanningError as exc:
+            return Rejected(exc.field, exc.message)
+        row = plan_row(request, digest, result, canonical_json(result))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     m = result.metrics
     return Solved(
-        stored=stored,
+        row={name: getattr(row, name) for name in ROW_COLUMNS},
         worker_s=time.monotonic() - start,
-        fresh=stored.body == body.encode(),
         mode=result.mode,
         status=result.status,
         stopped_by=m.stopped_by,
@@ -130,7 +187,7 @@ class SolverPool:
         retry_after_s: int,
         margin_ms: float,
         min_budget_ms: float,
-        database_url: str,
+        limits: WorkerLimits,
     ) -> None:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["solver.planner", "api.solver_pool"])
@@ -139,9 +196,11 @@ class SolverPool:
         self.retry_after_s = retry_after_s
         self.margin_ms = margin_ms
         self.min_budget_ms = min_budget_ms
-        self.database_url = database_url
+        self.limits = limits
         self.pending = 0
         self.healthy = False
+        self.replaced = 0
+        """Times the pool was replaced after a worker died."""
         self._mean_latency_s = INITIAL_MEAN_S
         self._mean_service_s = INITIAL_MEAN_S
         self._ctx = ctx
@@ -152,8 +211,12 @@ class SolverPool:
             max_workers=self.workers,
             mp_context=self._ctx,
             initializer=_init_worker,
-            initargs=(self.database_url,),
+            initargs=(os.getpid(), self.limits.memory_mb),
+            max_tasks_per_child=self.limits.max_tasks or None,
         )
+
+    def worker_pids(self) -> set[int]:
+        return set(self._executor._processes or {})  # private, but the only way to see them
 
     async def warm_up(self) -> None:
         """Start every worker by giving each a tiny solve; marks the pool healthy."""
@@ -175,32 +238,42 @@ class SolverPool:
         ahead = self.pending - self.workers + 1
         return max(0, ahead) * self._mean_service_s / self.workers
 
+    def hard_stop_s(self, budget_ms: float) -> float:
+        """How long a solve of a request with this budget may run before it is killed."""
+        return max(self.limits.hard_stop_min_s, self.limits.hard_stop_factor * budget_ms / 1e3)
+
     def submit(
-        self, request: PlanRequest, digest: str, deadline_at: float
+        self, request: PlanRequest, digest: str, deadline_at: float, budget_ms: float
     ) -> asyncio.Future[Solved | Rejected]:
-        """Queue a solve (stored by the worker), or raise ``Saturated`` when the queue is full
-        or the expected wait for a worker would already use up the request's deadline (a fast
-        429 lets the client fall back at once instead of getting a late plan).
+        """Queue a solve, or raise ``Saturated`` when the queue is full or the expected wait
+        for a worker would already use up the request's deadline (a fast 429 lets the client
+        fall back at once instead of getting a late plan).
 
         Synchronous on purpose: admission and the slot it takes happen without yielding to the
         event loop, so a burst cannot over-admit.
         """
         if self.pending >= self.capacity:
-            raise Saturated("the solver queue is full", self.retry_after())
+            raise Saturated("the solver queue is full; retry later", self.retry_after())
         wait_s = self.expected_wait_s()
         if wait_s > 0 and time.monotonic() + wait_s > deadline_at - self.margin_ms / 1e3:
             # A free worker always takes the request, however small its deadline.
-            raise Saturated("no solver could start before the deadline", self.retry_after())
+            raise Saturated(
+                "no solver could start before the deadline; retry later",
+                self.retry_after(),
+                "deadline",
+            )
         self.pending += 1
         start = time.perf_counter()
+        hard_stop_s = self.hard_stop_s(budget_ms)
         future = asyncio.get_running_loop().run_in_executor(
             self._executor,
-            solve_and_store,
+            solve,
             request,
             digest,
             deadline_at,
             self.margin_ms,
             self.min_budget_ms,
+            hard_stop_s,
         )
 
         def _release(done: asyncio.Future[Solved | Rejected]) -> None:
@@ -216,13 +289,42 @@ class SolverPool:
             self._mean_latency_s = 0.9 * self._mean_latency_s + 0.1 * (time.perf_counter() - start)
 
         future.add_done_callback(_release)
-        return future
+        return self._translated(future, time.monotonic(), hard_stop_s)
+
+    def _translated(
+        self, future: asyncio.Future[Solved | Rejected], started: float, hard_stop_s: float
+    ) -> asyncio.Future[Solved | Rejected]:
+        """``future`` with a dead worker and an exhausted memory limit as domain errors."""
+
+        async def wait() -> Solved | Rejected:
+            try:
+                return await future
+            except BrokenProcessPool:
+                if time.monotonic() - started >= hard_stop_s * 0.95:
+                    raise SolverUnavailable(
+                        f"the solve ran past its hard limit ({hard_stop_s:.1f} s); its worker "
+                        "was stopped and replaced",
+                        self.retry_after_s,
+                    ) from None
+                raise SolverUnavailable(
+                    "a solver worker died; the pool was restarted", self.retry_after_s
+                ) from None
+            except MemoryError:
+                raise RequestTooLarge(
+                    "lengths",
+                    f"the step needs more than the {self.limits.memory_mb} MB a solver worker "
+                    "may use (REPACK_WORKER_MEMORY_MB); send fewer samples or raise the limit",
+                ) from None
+
+        return asyncio.ensure_future(wait())
 
     def _replace_broken(self) -> None:
-        """A worker died (killed, out of memory): fail its solves, start a fresh pool."""
+        """A worker died (killed, out of memory, hard stop): fail its solves, start afresh."""
         if self._executor._broken:  # private, but the only way to tell without submitting
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
+            self.replaced += 1
+            log.error("a solver worker died; the worker pool was replaced")
 
     def close(self) -> None:
         self.healthy = False

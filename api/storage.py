@@ -1,7 +1,12 @@
-"""Plan history in SQLAlchemy 2: one ``plans`` table, a repository with blocking methods.
+"""Plan history in SQLAlchemy 2: the ``plans`` table, the ``plan_claims`` table, a repository
+with blocking methods (``api/database.py`` runs them off the event loop with timeouts).
 
 SQLite (a file, zero set-up) by default, PostgreSQL by URL. A stored plan is immutable: its
-bytes are what every later request for the same key gets back, also after a restart.
+bytes are what every later request for the same key gets back, also after a restart. The
+schema is owned by the Alembic migrations in ``api/migrations``; the classes below mirror it.
+
+Keys live in two namespaces (``kind``): ``named`` plans are keyed by ``(job_id, step)``,
+``anonymous`` plans by ``{mode}-{digest}``; the same ``plan_id`` string may exist in both.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     BigInteger,
@@ -23,19 +28,23 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     create_engine,
+    delete,
     event,
     func,
     select,
     text,
+    tuple_,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, mapped_column, sessionmaker
 
 from solver.schema import Plan, PlanRequest
 
 MAX_STEP = 2**63 - 1
 """Steps are stored as 64-bit integers (BIGINT); larger ones are refused at the edge."""
+
+Kind = Literal["named", "anonymous"]
 
 
 class Base(DeclarativeBase):
@@ -49,6 +58,7 @@ class PlanRow(Base):
     __tablename__ = "plans"
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_plans_job_step"),)
 
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
     plan_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     job_id: Mapped[str | None] = mapped_column(String(200), index=True)
     step: Mapped[int | None] = mapped_column(BigInteger)
@@ -69,7 +79,27 @@ class PlanRow(Base):
     solve_ms: Mapped[float | None] = mapped_column(Float)
     lengths: Mapped[str] = mapped_column(Text, doc="JSON list of sample lengths (dashboard).")
     body: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ClaimRow(Base):
+    """A replica's claim to solve a key (cross-replica single flight); deleted when the plan
+    is stored, ignored once ``expires_at`` has passed (its replica died mid-solve)."""
+
+    __tablename__ = "plan_claims"
+
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    plan_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """Where a plan lives: its namespace and its id within it."""
+
+    kind: Kind
+    plan_id: str
 
 
 @dataclass(frozen=True)
@@ -91,13 +121,61 @@ class JobSummary:
     last_created_at: datetime
 
 
-def _make_engine(url: str) -> Engine:
+@dataclass(frozen=True)
+class DbTimeouts:
+    """Client-side limits on every database wait, all shorter than a request's deadline."""
+
+    connect_s: float
+    """Opening a connection (libpq counts whole seconds, at least 2)."""
+    statement_ms: int
+    """A statement on the server (PostgreSQL ``statement_timeout``, ``lock_timeout``)."""
+    pool_s: float
+    """Waiting for a free pooled connection."""
+
+
+DEFAULT_TIMEOUTS = DbTimeouts(connect_s=2.0, statement_ms=500, pool_s=0.5)
+RETENTION_BATCH = 1000
+"""Plans one retention statement deletes."""
+POOL_SIZE = 8
+POOL_OVERFLOW = 8
+POOL_CONNECTIONS = POOL_SIZE + POOL_OVERFLOW
+"""Connections one process may open; the database executor has as many threads."""
+
+
+def _make_engine(url: str, timeouts: DbTimeouts) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+        engine = create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=POOL_SIZE,
+            max_overflow=POOL_OVERFLOW,
+            pool_timeout=timeouts.pool_s,
+            connect_args={
+                "connect_timeout": max(2, round(timeouts.connect_s)),
+                # A host that vanishes is noticed by the kernel within ~5 s, freeing the thread.
+                "keepalives": 1,
+                "keepalives_idle": 2,
+                "keepalives_interval": 1,
+                "keepalives_count": 3,
+                "tcp_user_timeout": max(1000, timeouts.statement_ms * 4),
+            },
+        )
+
+        @event.listens_for(engine, "connect")
+        def _pg_timeouts(dbapi_conn: Any, _record: Any) -> None:
+            ms = timeouts.statement_ms
+            cur = dbapi_conn.cursor()
+            cur.execute(f"SET statement_timeout = {ms}; SET lock_timeout = {ms}")
+            cur.execute(f"SET idle_in_transaction_session_timeout = {ms * 10}")
+            cur.close()
+            dbapi_conn.commit()
+
+        return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    busy_s = max(0.05, timeouts.statement_ms / 1e3)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_s})
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -113,15 +191,24 @@ def _make_engine(url: str) -> Engine:
     return engine
 
 
-class PlanStore:
-    """Repository over the ``plans`` table; every method blocks (call it off the event loop)."""
+def _storable(value: str) -> bool:
+    """PostgreSQL text cannot hold NUL; such a key cannot be stored, so it is never found."""
+    return "\x00" not in value
 
-    def __init__(self, url: str) -> None:
-        self.engine = _make_engine(url)
+
+class PlanStore:
+    """Repository over ``plans`` and ``plan_claims``; every method blocks."""
+
+    def __init__(self, url: str, timeouts: DbTimeouts = DEFAULT_TIMEOUTS) -> None:
+        self.url = url
+        self.engine = _make_engine(url, timeouts)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def create_schema(self) -> None:
-        Base.metadata.create_all(self.engine)
+    def migrate(self) -> None:
+        """Bring the schema to the newest migration (``api/migrate.py``)."""
+        from api.migrate import upgrade
+
+        upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -132,28 +219,106 @@ class PlanStore:
             conn.execute(text("SELECT 1"))
 
     def get(self, plan_id: str) -> StoredPlan | None:
-        stmt = select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body).where(
-            PlanRow.plan_id == plan_id
+        """The plan with this id; a named plan wins over an anonymous one with the same id."""
+        if not _storable(plan_id):
+            return None
+        stmt = (
+            select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body)
+            .where(PlanRow.plan_id == plan_id)
+            .order_by(PlanRow.kind.desc())  # 'named' > 'anonymous'
+            .limit(1)
         )
         with self.engine.connect() as conn:  # Core, not a Session: this is the replay path
             row = conn.execute(stmt).first()
         return None if row is None else StoredPlan(row[0], row[1], row[2].encode())
 
-    def get_row(self, plan_id: str) -> PlanRow | None:
-        with self._sessions() as session:
-            return session.get(PlanRow, plan_id)
+    def get_key(self, key: PlanKey) -> StoredPlan | None:
+        with self.engine.connect() as conn:
+            return _stored_at(conn, key)
 
-    def insert(self, row: PlanRow) -> StoredPlan:
-        """Store ``row`` unless its key exists; either way return what is stored now."""
+    def get_row(self, plan_id: str) -> PlanRow | None:
+        if not _storable(plan_id):
+            return None
+        stmt = select(PlanRow).where(PlanRow.plan_id == plan_id).order_by(PlanRow.kind.desc())
+        with self._sessions() as session:
+            return session.scalars(stmt.limit(1)).first()
+
+    def claim(self, key: PlanKey, owner: str, expires_at: datetime) -> StoredPlan | bool:
+        """Claim ``key`` for solving: the stored plan if there is one, True if the claim is
+        ours now, False if another live claim holds it.
+
+        The plan is looked for after the claim is written, not before: its writer deletes its
+        claim in the transaction that stores the plan, so a claim that succeeds because the
+        other one just went must still find that plan (and give the claim back).
+        """
+        try:
+            with self._sessions.begin() as session:
+                session.execute(
+                    delete(ClaimRow).where(
+                        ClaimRow.kind == key.kind,
+                        ClaimRow.plan_id == key.plan_id,
+                        ClaimRow.expires_at < utcnow(),
+                    )
+                )
+                session.add(ClaimRow(kind=key.kind, plan_id=key.plan_id, owner=owner,
+                                     expires_at=expires_at))  # fmt: skip
+        except IntegrityError:
+            stored = self.get_key(key)
+            return False if stored is None else stored
+        stored = self.get_key(key)
+        if stored is not None:
+            self.release(key, owner)
+            return stored
+        return True
+
+    def release(self, key: PlanKey, owner: str) -> None:
+        """Give up our claim (the solve failed); another request may claim the key now."""
+        with self._sessions.begin() as session:
+            _delete_claim(session, key, owner)
+
+    def insert(self, row: PlanRow, owner: str | None = None) -> StoredPlan:
+        """Store ``row`` unless its key exists (and drop ``owner``'s claim on it); either way
+        return what is stored now."""
+        key = PlanKey(row.kind, row.plan_id)  # type: ignore[arg-type]
         try:
             with self._sessions.begin() as session:
                 session.add(row)
+                session.flush()
+                if owner is not None:
+                    _delete_claim(session, key, owner)
         except IntegrityError:
-            stored = self.get(row.plan_id)
+            if owner is not None:
+                self.release(key, owner)
+            stored = self.get_key(key)
             if stored is None:  # the same (job_id, step) under another plan_id: impossible
                 raise
             return stored
         return StoredPlan(row.plan_id, row.request_digest, row.body.encode())
+
+    def delete_job(self, job_id: str) -> int:
+        """Delete every plan of ``job_id``; the number deleted."""
+        if not _storable(job_id):
+            return 0
+        with self._sessions.begin() as session:
+            result = session.execute(delete(PlanRow).where(PlanRow.job_id == job_id))
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+    def delete_older_than(self, cutoff: datetime, batch: int = RETENTION_BATCH) -> int:
+        """Retention: delete up to ``batch`` plans created before ``cutoff`` (oldest first, by
+        the created_at index) and stale claims; the number of plans deleted. Small batches keep
+        every statement within the statement timeout; call again until it returns 0."""
+        oldest = (
+            select(PlanRow.kind, PlanRow.plan_id)
+            .where(PlanRow.created_at < cutoff)
+            .order_by(PlanRow.created_at)
+            .limit(batch)
+        )
+        with self._sessions.begin() as session:
+            result = session.execute(
+                delete(PlanRow).where(tuple_(PlanRow.kind, PlanRow.plan_id).in_(oldest))
+            )
+            session.execute(delete(ClaimRow).where(ClaimRow.expires_at < cutoff))
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
     def list_jobs(self, after: str | None, limit: int) -> list[JobSummary]:
         """Jobs ordered by id, keyset-paginated (``after`` = last job id of the previous page)."""
@@ -172,6 +337,8 @@ class PlanStore:
             .limit(limit)
         )
         if after is not None:
+            if not _storable(after):
+                return []
             stmt = stmt.where(PlanRow.job_id > after)
         with self._sessions() as session:
             rows = session.execute(stmt).all()
@@ -179,6 +346,8 @@ class PlanStore:
 
     def list_steps(self, job_id: str, after: int | None, limit: int) -> Sequence[PlanRow]:
         """A job's plans ordered by step, keyset-paginated (``after`` = last step seen)."""
+        if not _storable(job_id):
+            return []
         stmt = (
             select(PlanRow)
             .options(defer(PlanRow.body), defer(PlanRow.lengths))
@@ -192,10 +361,35 @@ class PlanStore:
             return session.scalars(stmt).all()
 
 
+def _stored_at(conn: Any, key: PlanKey) -> StoredPlan | None:
+    if not _storable(key.plan_id):
+        return None
+    stmt = select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body).where(
+        PlanRow.kind == key.kind, PlanRow.plan_id == key.plan_id
+    )
+    row = conn.execute(stmt).first()
+    return None if row is None else StoredPlan(row[0], row[1], row[2].encode())
+
+
+def _delete_claim(session: Session, key: PlanKey, owner: str) -> None:
+    session.execute(
+        delete(ClaimRow).where(
+            ClaimRow.kind == key.kind, ClaimRow.plan_id == key.plan_id, ClaimRow.owner == owner
+        )
+    )
+
+
+def key_of(request: PlanRequest, plan_id: str) -> PlanKey:
+    """Named when the request carries ``(job_id, step)``, anonymous otherwise."""
+    named = request.job_id is not None and request.step is not None
+    return PlanKey("named" if named else "anonymous", plan_id)
+
+
 def plan_row(request: PlanRequest, digest: str, plan: Plan, body: str) -> PlanRow:
     """The row that stores ``plan`` (serialised as ``body``) for ``request``."""
     m = plan.metrics
     return PlanRow(
+        kind=key_of(request, plan.plan_id).kind,
         plan_id=plan.plan_id,
         job_id=request.job_id,
         step=request.step,

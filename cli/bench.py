@@ -111,7 +111,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_deadline(p)
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy-only rows")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (drawn only when stderr is a terminal)",
+    )
     p.set_defaults(run=run)
 
 
@@ -161,7 +165,9 @@ def run(args: argparse.Namespace) -> int:
     solvers = ["full"] if args.no_greedy else list(SOLVERS)
     plan(batches[0][0], deadline_ms=args.deadline_ms)  # warm-up: imports, solver start-up
     total = sum(len(b) for b in batches) * len(solvers)
-    with tqdm(total=total, file=sys.stderr, unit="plan", disable=args.no_progress) as bar:
+    with tqdm(
+        total=total, file=sys.stderr, unit="plan", disable=True if args.no_progress else None
+    ) as bar:
         rows = [
             bench_size(batch, size.gpus, solver, args.deadline_ms, bar.update)
             for size, batch in zip(args.sizes, batches, strict=True)

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from solver.planner import plan
 from solver.schema import PlanRequest
 from solver.trace import request_bodies
@@ -110,6 +108,8 @@ def served(extra_env: dict[str, str] | None = None) -> Iterator[Server]:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import httpx  # the api extra, imported only when a service command runs
+
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -128,6 +128,8 @@ async def _load(url: str, bodies: list[dict[str, Any]], concurrency: int) -> lis
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(bodies)):
         queue.put_nowait(i)
+    import httpx
+
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:

@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from solver.trace import request_bodies
 
 DEFAULT_TRACE = Path("scenarios/gpu64-200steps.yaml")
@@ -38,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def post_steps(url: str, bodies: list[dict[str, Any]]) -> int:
     """POST each step, print one line per step; returns how many failed."""
+    import httpx  # the api extra, imported only when a service command runs
+
     failed = 0
     with httpx.Client(base_url=url, timeout=120) as client:
         for body in bodies:

@@ -44,6 +44,38 @@ INPUT_ERRORS = (
 
 _PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(
+        (
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "jinja2",
+            "sqlalchemy",
+            "psycopg",
+            "pydantic_settings",
+            "prometheus_client",
+            "plotly",
+            "httpx",
+            "asgi_correlation_id",
+            "pythonjsonlogger",
+            "limits",
+            "swagger_ui_bundle",
+            "alembic",
+            "cachetools",
+        ),
+        "api",
+    ),
+    "torch": "runtime",
+}
+"""Third-party modules that only an optional extra installs, and which extra that is."""
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra to install when ``exc`` is a module of an optional extra, else None."""
+    top = (exc.name or "").split(".")[0]
+    return EXTRA_OF_MODULE.get(top)
+
 
 def format_loc(loc: Sequence[int | str]) -> str:
     """``("lengths", 3)`` -> ``lengths[3]``; ``("cluster", "nodes")`` -> ``cluster.nodes``."""
@@ -55,18 +87,32 @@ def format_loc(loc: Sequence[int | str]) -> str:
 
 def _validation_line(exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
-    first: dict[str, Any] = dict(errors[0])
+    unknown = [format_loc(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    others = [e for e in errors if e["type"] != "extra_forbidden"]
+    if not unknown:
+        count = len(others) - 1
+        return _one_error(others[0]) + (
+            f" (and {count} more error{'s' * (count > 1)})" * (count > 0)
+        )
+    # A misspelled key ("lenghts") also makes the real one missing: name the typo first.
+    line = f"unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}"
+    if others:
+        n = len(others)
+        line += f" (and {n} more error{'s' * (n > 1)}: {_one_error(others[0])})"
+    return line
+
+
+def _one_error(error: Any) -> str:
+    first: dict[str, Any] = dict(error)
     loc, msg = format_loc(first["loc"]), str(first["msg"])
     for prefix in _PYDANTIC_PREFIXES:
         msg = msg.removeprefix(prefix)
     if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif first["type"] == "missing":
+        return f"unknown field {loc}"
+    if first["type"] == "missing":
         msg = "required field is missing"
     # Validators that name the offending item themselves ("lengths[3] = 0 ...") need no prefix.
-    line = msg if not loc or msg.startswith(loc) else f"{loc}: {msg}"
-    more = len(errors) - 1
-    return line + (f" (and {more} more error{'s' * (more > 1)})" if more else "")
+    return msg if not loc or msg.startswith(loc) else f"{loc}: {msg}"
 
 
 def _os_line(exc: OSError) -> str:
@@ -126,6 +172,14 @@ def guarded(run: Callable[[Any], int]) -> Callable[[Any], int]:
             return EXIT_BROKEN_PIPE
         except INPUT_ERRORS as exc:
             return fail(describe(exc))
+        except ModuleNotFoundError as exc:
+            extra = missing_extra(exc)
+            if extra is None:
+                raise
+            return fail(
+                f"this command needs the {extra} extra: pip install 'repack[{extra}]' "
+                f"(module {exc.name} is missing)"
+            )
         except KeyboardInterrupt:
             print(f"{PROG}: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED

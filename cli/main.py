@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from cli.errors import EXIT_BAD_INPUT, PROG, guarded
+from solver.version import package_version
 
 DESCRIPTION = (
     "Layerwise Repacking planner: plan a step, check a plan, replay a trace in several modes, "
@@ -23,6 +24,8 @@ COMMAND_MODULES = (
     "cli.serve",
     "cli.demo",
     "cli.bench_service",
+    "cli.token",
+    "cli.soak",
 )
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
@@ -36,6 +39,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -73,7 +73,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_deadline(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (drawn only when stderr is a terminal)",
+    )
     p.set_defaults(run=run)
 
 
@@ -95,7 +99,7 @@ def map_progress(
 ) -> Iterator[tuple[int, T]]:
     """Run ``calls`` (picklable partials) on ``workers`` forked processes; yield
     ``(index, result)`` as they finish, with a progress bar on stderr."""
-    bar = tqdm(total=len(calls), file=sys.stderr, unit="plan", disable=not progress)
+    bar = tqdm(total=len(calls), file=sys.stderr, unit="plan", disable=None if progress else True)
     with bar:
         if workers == 1:
             for i, call in enumerate(calls):

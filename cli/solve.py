@@ -8,7 +8,7 @@ from collections import Counter
 from itertools import groupby
 
 from cli.errors import reading
-from cli.options import MODES, add_deadline
+from cli.options import MODES, add_deadline, non_negative_int
 from cli.output import write_atomic
 from solver.io import read_request
 from solver.planner import plan
@@ -26,6 +26,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=MODES, default=None, help="override the request's mode")
     add_deadline(p)
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan here")
+    p.add_argument(
+        "--indent",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="pretty-print the plan JSON with N spaces (default: compact, as the service sends)",
+    )
     p.set_defaults(run=run)
 
 
@@ -33,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     with reading(args.request):
         request = read_request(args.request, mode=args.mode)
     result = plan(request, deadline_ms=args.deadline_ms)
-    text = result.model_dump_json(indent=1) + "\n"
+    text = result.model_dump_json(indent=args.indent) + "\n"
     if args.out:
         write_atomic(args.out, text)
         print(summary(result))

@@ -5,7 +5,7 @@ The *repack domain* is the process group the plans cover: the world, or one dime
 ``i`` is domain rank ``i``. Each replica runs its own plans on its own communicators.
 
 Plans change every step, so communicators cannot be created on demand (creation is collective
-and, with NCCL, slow). The layout rules (design section 3) make the set finite:
+and, with NCCL, slow). The layout rules (docs/design.md section 3) make the set finite:
 
 * a child (or a parent of at most one node) of size ``k`` is an aligned block ``[s, s + k)``
   with ``s % k == 0``;
@@ -71,7 +71,7 @@ class GroupConfig:
     """Ranks per node ``G``; children never cross a node, wide parents start on node boundaries."""
 
     child_sizes: tuple[int, ...] = CHILD_SIZES
-    """Child sizes the planner may use (design rule 2: 1, 2, 4, 8, capped at ``G``)."""
+    """Child sizes the planner may use (docs/design.md rule 2: 1, 2, 4, 8, capped at ``G``)."""
 
     parent_sizes: tuple[int, ...] | None = None
     """Parent sizes the planner may use; None = every power of two up to ``world_size``.

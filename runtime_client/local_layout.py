@@ -1,7 +1,7 @@
 """What one rank needs from a Plan: its tokens, groups, split sizes, cu_seqlens and indices.
 
 Everything here is recomputed from the plan's parents and children with the packing rule
-(design section 3, rule 3) and checked against the plan's own ``tokens``, ``cu_seqlens`` and
+(docs/design.md section 3, rule 3) and checked against the plan's own ``tokens``, ``cu_seqlens`` and
 ``all_to_all`` fields: a plan whose fields disagree with its layout fails here, on every rank,
 before any collective could deadlock on mismatched split sizes: every rank checks the whole
 plan (all ranks' split-size rows), not only its own row, so all ranks refuse a bad plan

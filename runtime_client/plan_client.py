@@ -19,11 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
@@ -35,6 +37,17 @@ from solver.schema import Plan, PlanRequest
 logger = logging.getLogger(__name__)
 
 Source = Literal["service", "fallback", "broadcast"]
+
+
+TOKEN_ENV = "REPACK_TOKEN"
+JOB_HEADER = "X-Repack-Job"
+"""Carries the job id so that a balancer can route all of a job's steps to one replica
+(deploy/nginx.conf hashes on it) without reading the body; percent-encoded, so any job id
+fits in a header."""
+
+
+def job_header(request: PlanRequest) -> dict[str, str]:
+    return {JOB_HEADER: quote(request.job_id, safe="")} if request.job_id else {}
 
 
 class PlanServiceError(RuntimeError):
@@ -77,6 +90,9 @@ class PlanClientConfig:
 
     fallback_deadline_ms: int | None = None
     """Deadline for the local planner; None = the request's (or the planner's default)."""
+
+    token: str | None = field(default_factory=lambda: os.environ.get(TOKEN_ENV), repr=False)
+    """Bearer token for the service (default: ``REPACK_TOKEN``); kept out of ``repr``."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -129,7 +145,10 @@ class PlanClient:
     stats: PlanClientStats = field(default_factory=PlanClientStats)
 
     def __post_init__(self) -> None:
-        self._http = httpx.Client(base_url=self.config.service_url, timeout=self.config.timeout_s)
+        auth = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        self._http = httpx.Client(
+            base_url=self.config.service_url, timeout=self.config.timeout_s, headers=auth
+        )
         self._pool = ThreadPoolExecutor(self.config.prefetch_workers, "plan-prefetch")
         self._pending: dict[str, Future[FetchedPlan]] = {}
         self._lock = threading.Lock()
@@ -203,7 +222,7 @@ class PlanClient:
     def _post_once(self, request: PlanRequest, body: dict[str, Any], attempt: int) -> Plan:
         """One HTTP attempt: the plan, ``_Retryable`` (try again) or ``PlanServiceError``."""
         try:
-            response = self._http.post("/v1/plans", json=body)
+            response = self._http.post("/v1/plans", json=body, headers=job_header(request))
         except httpx.TransportError as exc:  # connect errors and every kind of timeout
             raise _Retryable(f"attempt {attempt}: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 200:

@@ -1,4 +1,4 @@
-"""Cost model of one training step (design section 5), all terms in one place.
+"""Cost model of one training step (docs/design.md section 5), all terms in one place.
 
 Times are seconds. Per-sample quantities are precomputed once per request (``SampleCosts``) so
 the planners can evaluate a layout with sums; a child of size ``k`` holding samples ``S`` takes

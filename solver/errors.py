@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 
-class PlanningError(ValueError):
+class RepackError(Exception):
+    """Base of every error the project raises on purpose; the edges (HTTP, CLI) map its
+    subclasses to status codes and exit codes, the code that raises them picks neither."""
+
+
+class PlanningError(RepackError, ValueError):
     """A request that passed schema validation but cannot be planned."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -16,7 +21,7 @@ class InfeasibleRequestError(PlanningError):
     """No layout satisfies the memory limit for these lengths and parents."""
 
 
-class PlanValidationError(ValueError):
+class PlanValidationError(RepackError, ValueError):
     """A plan breaks the layout rules; ``violations`` lists each broken rule, one per line."""
 
     def __init__(self, violations: list[str]) -> None:

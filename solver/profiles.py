@@ -1,6 +1,6 @@
 """Named cluster and model profiles.
 
-The numbers are the design's illustrative defaults (H100-class nodes of 8 GPUs, a 48-layer
+The numbers are docs/design.md's illustrative defaults (H100-class nodes of 8 GPUs, a 48-layer
 1F3S hybrid MoE model); they are calibratable starting points, not measurements. A request names
 a profile and may override any of its fields.
 """

@@ -24,9 +24,12 @@ from solver.profiles import CLUSTER_PROFILES, MODEL_PROFILES
 
 MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
+JOB_ID_PATTERN = r"^[^\x00-\x1f\x7f/]+$"
+"""A job id is a path segment and a database string: no control characters (NUL included),
+no ``/``."""
 
 CHILD_SIZES = (1, 2, 4, 8)
-"""Sizes a node-local child may have (design section 3, rule 2)."""
+"""Sizes a node-local child may have (docs/design.md section 3, rule 2)."""
 
 Mode = Literal["baseline", "sizing", "repack", "repack+parent", "repack+sizing"]
 """``sizing`` (an addition to v1) is heterogeneous parent sizes without repacking, the
@@ -179,7 +182,7 @@ class PlanRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    job_id: str | None = Field(None, min_length=1, max_length=200)
+    job_id: str | None = Field(None, min_length=1, max_length=200, pattern=JOB_ID_PATTERN)
     step: StrictInt | None = Field(None, ge=0)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)

@@ -48,6 +48,11 @@ DRAW_CHUNK = 1024
 MAX_SKIPS = 32
 """A step closes after this many consecutive draws that do not fit in what is left of it."""
 
+SHIPPED_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+"""Scenarios installed with the package, so that the CLI's defaults and the documented
+``scenarios/...`` paths work outside the checkout. In the repository ``solver/scenarios`` is a
+link to the top-level ``scenarios/`` (the one copy); a wheel holds the files themselves."""
+
 REQUEST_SUFFIXES = (".json", ".yaml", ".yml")
 """Files of a request directory that are read, in sorted name order; others are ignored."""
 
@@ -324,14 +329,29 @@ def is_scenario(data: Any) -> bool:
     return isinstance(data, dict) and "trace" in data
 
 
+def resolve_trace(path: str | Path) -> Path:
+    """``path`` if it exists; else the shipped scenario it names (``gpu64-200steps``,
+    ``gpu64-200steps.yaml`` or ``scenarios/gpu64-200steps.yaml``); else ``path`` unchanged, so
+    that reading it reports the missing file the user typed."""
+    path = Path(path)
+    if path.exists() or path.is_absolute() or path.parent.name not in ("", "scenarios"):
+        return path
+    for candidate in (path.name, path.name + ".yaml"):
+        shipped = SHIPPED_SCENARIOS / candidate
+        if shipped.exists():
+            return shipped
+    return path
+
+
 def load_trace(path: str | Path) -> Iterator[PlanRequest]:
     """Requests of a scenario YAML, a directory of request files, or a single request file.
 
     A file holding a ``trace`` key is a scenario; any other file is one request. A directory
     yields its ``*.json``/``*.yaml``/``*.yml`` requests in sorted name order; an error in one of
-    them carries a note naming the file.
+    them carries a note naming the file. A path that does not exist may name a shipped
+    scenario (``resolve_trace``).
     """
-    path = Path(path)
+    path = resolve_trace(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in REQUEST_SUFFIXES)
         if not files:

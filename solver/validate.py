@@ -1,4 +1,4 @@
-"""Check a plan against the layout rules (design section 3) and recompute its metrics.
+"""Check a plan against the layout rules (docs/design.md section 3) and recompute its metrics.
 
 Written apart from the planners on purpose: it shares only the request schema and the cost
 model's formulas with them, so a planner bug cannot hide behind the validator.

@@ -11,15 +11,12 @@ from solver.io import load_document
 from solver.schema import Plan, PlanRequest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_EXAMPLES = ROOT.parent / "shared" / "examples"
-"""The contract examples beside the checkout (``../shared/examples``)."""
 PROJECT_EXAMPLES = ROOT / "docs" / "contract-examples"
-"""A copy kept in the project, so the tests do not depend on the checkout's surroundings."""
+"""The contract examples of docs/design.md section 4, kept in the repository."""
 
 
 def example_path(name: str) -> Path:
-    local = PROJECT_EXAMPLES / name
-    return local if local.exists() else SHARED_EXAMPLES / name
+    return PROJECT_EXAMPLES / name
 
 
 def example_request() -> PlanRequest:

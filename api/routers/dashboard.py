@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
-from starlette.concurrency import run_in_threadpool
 
+from api.auth import BrowserCaller
 from api.deps import SettingsDep, StoreDep
 from api.problems import ProblemError
 from api.routers.jobs import Step
+from api.routers.params import JobIdPath, PlanIdPath
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(Path(__file__).resolve().parent.parent / "templates"))
@@ -28,8 +28,8 @@ PLOTLY_JS = Path(str(files("plotly") / "package_data" / "plotly.min.js"))
 MAX_PLOTTED_STEPS = 10_000
 """Steps one job page plots (the latest are what matters; older ones are in the API)."""
 
-JobId = Annotated[str, PathParam(min_length=1, max_length=200)]
-PlanId = Annotated[str, PathParam(min_length=1, max_length=300)]
+JobId = JobIdPath
+PlanId = PlanIdPath
 
 
 @router.get("/")
@@ -45,14 +45,20 @@ async def plotly_js() -> FileResponse:
 
 
 @router.get("/dashboard", response_class=HTMLResponse)
-async def jobs_page(request: Request, store: StoreDep, settings: SettingsDep) -> HTMLResponse:
-    jobs = await run_in_threadpool(store.list_jobs, None, settings.page_limit)
+async def jobs_page(
+    request: Request, store: StoreDep, settings: SettingsDep, caller: BrowserCaller
+) -> HTMLResponse:
+    caller.require_all()
+    jobs = await store.list_jobs(None, settings.page_limit)
     return templates.TemplateResponse(request, "jobs.html", {"jobs": jobs})
 
 
 @router.get("/dashboard/jobs/{job_id}", response_class=HTMLResponse)
-async def job_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResponse:
-    rows = await run_in_threadpool(store.list_steps, job_id, None, MAX_PLOTTED_STEPS)
+async def job_page(
+    request: Request, job_id: JobId, store: StoreDep, caller: BrowserCaller
+) -> HTMLResponse:
+    caller.require(job_id)
+    rows = await store.list_steps(job_id, None, MAX_PLOTTED_STEPS)
     if not rows:
         raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
     steps = [Step.from_row(r).model_dump(mode="json") for r in rows]
@@ -60,9 +66,11 @@ async def job_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResp
 
 
 @router.get("/dashboard/plans/{plan_id}", response_class=HTMLResponse)
-async def plan_page(request: Request, plan_id: PlanId, store: StoreDep) -> HTMLResponse:
-    row = await run_in_threadpool(store.get_row, plan_id)
-    if row is None:
+async def plan_page(
+    request: Request, plan_id: PlanId, store: StoreDep, caller: BrowserCaller
+) -> HTMLResponse:
+    row = await store.get_row(plan_id)
+    if row is None or not caller.may(row.job_id):
         raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
     data: dict[str, Any] = {
         "plan": json.loads(row.body),

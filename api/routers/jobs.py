@@ -5,13 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import SettingsDep, StoreDep
-from api.problems import ProblemError, problem_responses
+from api.auth import Caller
+from api.deps import DatabaseDep, ServiceDep, SettingsDep
+from api.errors import JobNotFound
+from api.problems import problem_responses
+from api.routers.params import JobIdPath
 from api.storage import MAX_STEP, JobSummary, PlanRow, as_utc
+from solver.schema import JOB_ID_PATTERN
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -84,34 +87,58 @@ class StepPage(BaseModel):
 Limit = Annotated[int | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
 
 
-@router.get("", response_model=JobPage, responses=problem_responses(422))
+@router.get("", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
 async def list_jobs(
-    store: StoreDep,
+    db: DatabaseDep,
     settings: SettingsDep,
-    after: Annotated[str | None, Query(max_length=200, description="Last job id seen.")] = None,
+    caller: Caller,
+    after: Annotated[
+        str | None, Query(max_length=200, pattern=JOB_ID_PATTERN, description="Last job id seen.")
+    ] = None,
     limit: Limit = None,
 ) -> JobPage:
-    """Jobs with at least one stored plan, ordered by id."""
+    """Jobs with at least one stored plan, ordered by id (needs a token scoped for all jobs)."""
+    caller.require_all()
     size = limit or settings.page_limit
-    jobs = await run_in_threadpool(store.list_jobs, after, size)
+    jobs = await db.list_jobs(after, size)
     items = list(jobs)
     return JobPage(items=items, next_after=items[-1].job_id if len(items) == size else None)
 
 
-@router.get("/{job_id}/steps", response_model=StepPage, responses=problem_responses(404, 422))
+@router.get(
+    "/{job_id}/steps",
+    response_model=StepPage,
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
 async def list_steps(
-    job_id: Annotated[str, Path(min_length=1, max_length=200)],
-    store: StoreDep,
+    job_id: JobIdPath,
+    db: DatabaseDep,
     settings: SettingsDep,
+    caller: Caller,
     after: Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")] = None,
     limit: Limit = None,
 ) -> StepPage:
     """A job's plans in step order with their metrics."""
+    caller.require(job_id)
     size = limit or settings.page_limit
-    rows = await run_in_threadpool(store.list_steps, job_id, after, size)
+    rows = await db.list_steps(job_id, after, size)
     if not rows and after is None:
-        raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
+        raise JobNotFound(f"no plans for job {job_id!r}")
     items = [Step.from_row(r) for r in rows]
     return StepPage(
         job_id=job_id, items=items, next_after=items[-1].step if len(items) == size else None
     )
+
+
+@router.delete("/{job_id}", status_code=204, responses=problem_responses(401, 403, 404, 422, 503))
+async def delete_job(job_id: JobIdPath, service: ServiceDep, caller: Caller) -> Response:
+    """Delete every stored plan of a job (named and anonymous plans that carry its id).
+
+    Other replicas may still replay a deleted plan from memory until it leaves their cache.
+    """
+    caller.require(job_id)
+    deleted = await service.db.delete_job(job_id)
+    service.forget_job(job_id)
+    if deleted == 0:
+        raise JobNotFound(f"no plans for job {job_id!r}")
+    return Response(status_code=204)

@@ -1,14 +1,18 @@
-"""``/v1/plans``: plan a step (idempotent per job and step) and read a stored plan."""
+"""``/v1/plans``: plan a step (idempotent per key) and read a stored plan."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Response
 from fastapi.exceptions import RequestValidationError
 
-from api.deps import ServiceDep
-from api.problems import ProblemError, problem_responses
+from api.auth import Caller
+from api.deps import MetricsDep, ServiceDep
+from api.errors import PlanNotFound
+from api.plan_log import log_plan, plan_fields
+from api.problems import problem_responses
+from api.routers.params import PlanIdPath
 from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
 
@@ -22,9 +26,11 @@ SOURCE_HEADER = "X-Repack-Plan-Source"
     "",
     response_model=Plan,
     summary="Plan one step",
-    responses=problem_responses(400, 409, 413, 422, 429, 500, 503),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 429, 500, 503),
 )
-async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
+async def create_plan(
+    body: PlanRequest, service: ServiceDep, caller: Caller, metrics: MetricsDep
+) -> Response:
     """Solve (or replay) the plan for ``(job_id, step)``.
 
     Every request with the same key and body gets byte-identical JSON; the same key with a
@@ -34,7 +40,10 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
         raise RequestValidationError(
             [{"loc": ("body", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
         )
+    caller.require(body.job_id)
+    started = time.perf_counter()
     answer = await service.plan(body)
+    log_plan(metrics, body, answer.body, answer.source, time.perf_counter() - started)
     return Response(
         answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
     )
@@ -44,13 +53,14 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
     "/{plan_id}",
     response_model=Plan,
     summary="A stored plan",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(401, 404, 422, 503),
 )
-async def get_plan(
-    plan_id: Annotated[str, Path(min_length=1, max_length=300)], service: ServiceDep
-) -> Response:
-    """The stored plan with this id, exactly as it was first returned."""
+async def get_plan(plan_id: PlanIdPath, service: ServiceDep, caller: Caller) -> Response:
+    """The stored plan with this id, exactly as it was first returned. A named plan
+    (``{job_id}-{step}``) wins over an anonymous one that happens to have the same id."""
     body = await service.get(plan_id)
+    if body is not None and not caller.all_jobs and not caller.may(plan_fields(body).get("job_id")):
+        body = None  # another job's plan: answered as absent, not as forbidden
     if body is None:
-        raise ProblemError(404, "plan-not-found", f"no plan with id {plan_id!r}")
+        raise PlanNotFound(f"no plan with id {plan_id!r}")
     return Response(body, media_type="application/json")

@@ -16,7 +16,7 @@ from cli.main import build_parser
 from tests.api.conftest import SMALL_REQUEST
 from tests.helpers import ROOT
 
-SMALL_TRACE = ROOT / "scenarios" / "gpu16-small.yaml"
+SMALL_TRACE = ROOT / "solver" / "scenarios" / "gpu16-small.yaml"
 
 
 def repack(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

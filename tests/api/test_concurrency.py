@@ -81,8 +81,13 @@ def test_full_queue_answers_429_with_retry_after(
     bodies = [{**LONG_STEP, "job_id": "busy", "step": i} for i in range(6)]
     responses = post_all(server.url, bodies)
     statuses = [r.status_code for r in responses]
-    assert set(statuses) <= {200, 429}
-    assert statuses.count(200) >= 1
+    # 503 only as "plan-in-progress": a queued solve that ran past its 10 s deadline on a
+    # loaded machine is answered at deadline + database timeout (docs/api.md), then replayed.
+    assert set(statuses) <= {200, 429, 503}
+    for r in responses:
+        if r.status_code == 503:
+            assert r.json()["type"].endswith("plan-in-progress")
+    assert statuses.count(200) + statuses.count(503) >= 1
     assert statuses.count(429) >= 1
     for r in responses:
         if r.status_code == 429:

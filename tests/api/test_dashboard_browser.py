@@ -42,7 +42,9 @@ def posted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list
     db = tmp_path_factory.mktemp("browser") / "plans.db"
     with ServerThread(make_settings(f"sqlite:///{db}")) as server:
         plans = []
-        for body in request_bodies(ROOT / "scenarios" / "gpu64-200steps.yaml", STEPS, job_id=JOB):
+        for body in request_bodies(
+            ROOT / "solver" / "scenarios" / "gpu64-200steps.yaml", STEPS, job_id=JOB
+        ):
             r = httpx.post(f"{server.url}/v1/plans", json=body, timeout=120)
             assert r.status_code == 200
             plans.append(r.json())

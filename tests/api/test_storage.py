@@ -12,15 +12,16 @@ from api.storage import PlanRow, PlanStore, utcnow
 @pytest.fixture
 def store(db_url: str) -> Iterator[PlanStore]:
     s = PlanStore(db_url)
-    s.create_schema()
+    s.migrate()
     yield s
     s.close()
 
 
 def row(job_id: str | None, step: int | None, body: str = "{}", digest: str = "d") -> PlanRow:
     plan_id = f"{job_id}-{step}" if job_id is not None else f"anon-{body}"
+    kind = "named" if step is not None else "anonymous"
     return PlanRow(
-        plan_id=plan_id, job_id=job_id, step=step, request_digest=digest, mode="repack",
+        kind=kind, plan_id=plan_id, job_id=job_id, step=step, request_digest=digest, mode="repack",
         status="optimal", stopped_by="optimal", nodes=1, gpus_per_node=8, num_samples=2,
         step_time_ms=10.0, baseline_step_time_ms=12.0 + (step or 0), speedup=1.2, mfu=0.4,
         baseline_mfu=0.33, gap=0.0, lower_bound_ms=10.0, solve_ms=1.5, lengths="[1,2]",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tests.helpers import ROOT, example_path
 
-SCENARIOS = ROOT / "scenarios"
+SCENARIOS = ROOT / "solver" / "scenarios"
 EXAMPLE_REQUEST = example_path("request-2node.json")
 SMALL_TRACE = SCENARIOS / "gpu16-small.yaml"
 REQUEST_DIR = SCENARIOS / "gpu16-requests"

@@ -29,10 +29,19 @@ def test_format_loc(loc: tuple[int | str, ...], text: str) -> None:
 
 def test_describe_validation_errors() -> None:
     assert describe(_validation_error({"lengths": [1, 0]})) == "lengths[1] = 0 must be >= 1"
-    assert describe(_validation_error({"lengths": [1], "x": 1})) == "x: unknown field"
+    assert describe(_validation_error({"lengths": [1], "x": 1})) == "unknown field x"
     assert describe(_validation_error({})) == "lengths: required field is missing"
     two = _validation_error({"lengths": [1], "x": 1, "y": 2})
-    assert describe(two) == "x: unknown field (and 1 more error)"
+    assert describe(two) == "unknown fields x, y"
+
+
+def test_a_misspelled_field_is_named_before_the_field_it_leaves_missing() -> None:
+    typo = _validation_error({"cluster": {"nodes": 2}, "lenghts": [1]})
+    assert describe(typo) == (
+        "unknown field lenghts (and 1 more error: lengths: required field is missing)"
+    )
+    nested = _validation_error({"lengths": [1], "cluster": {"nodse": 2}})
+    assert describe(nested) == "unknown field cluster.nodse"
 
 
 def test_describe_parse_errors_and_notes() -> None:

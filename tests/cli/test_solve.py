@@ -76,7 +76,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     [
         ("broken.json", '{"lengths": [1, 2', ("invalid JSON at line 1", "broken.json")),
         ("broken.yaml", "lengths: [1, 2\ncluster: {", ("invalid YAML", "broken.yaml")),
-        ("extra.json", '{"lengths": [5], "colour": 1}', ("colour: unknown field",)),
+        ("extra.json", '{"lengths": [5], "colour": 1}', ("unknown field colour",)),
         ("zero.json", '{"lengths": [5, 6, 7, 0]}', ("lengths[3] = 0 must be >= 1",)),
         ("nodes.json", '{"lengths": [5], "cluster": {"nodes": 0}}', ("cluster.nodes",)),
         ("list.json", "[1, 2]", ("valid dictionary",)),

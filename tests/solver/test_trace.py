@@ -14,7 +14,7 @@ from solver.schema import ClusterSpec, PlanRequest
 from solver.trace import LengthDistribution, Scenario, TraceSpec, load_trace
 from tests.helpers import ROOT
 
-SCENARIOS = ROOT / "scenarios"
+SCENARIOS = ROOT / "solver" / "scenarios"
 CLUSTER64 = ClusterSpec(nodes=8)
 
 
