@@ -6,14 +6,20 @@ Every bound here is a relaxation of the cost model, never an estimate:
   no layout avoids, and the step is at least the mean over ranks (any membership);
 * ``per sample``: a parent holding sample i is at least as slow as i alone in its best layout;
 * ``per parent`` (fixed membership): the larger of its members' single-sample bounds and its own
-  work spread evenly, or its unrepacked time if that is smaller (both layouts are allowed).
+  work spread evenly, or its unrepacked time if that is smaller (both layouts are allowed);
+* ``memory``: the other parents hold at most their ranks' memory, so the longest sample's parent
+  also holds whatever they cannot, at best the shortest samples (a fractional filler).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from solver.cost_model import ceil_div, full_layer_seconds, unrepacked_parent_seconds
+from solver.cost_model import (
+    ceil_div,
+    full_layer_seconds,
+    unrepacked_parent_seconds,
+)
 from solver.membership import single_sample_bound
 from solver.problem import Problem
 
@@ -121,7 +127,60 @@ def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) 
         )
         alone = parent_bound(problem, size, [longest], repack)
         options.append(max(alone, aggregate + extra / cost.world_size))
-    return max(aggregate, min(options), pigeonhole_bound(problem, sizes, repack))
+    return max(
+        aggregate,
+        min(options),
+        pigeonhole_bound(problem, sizes, repack),
+        memory_bound(problem, sizes, repack),
+    )
+
+
+def memory_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
+    """Bound from memory: whatever parent of size ``P`` (among ``sizes``, which tile the
+    cluster) holds the longest sample, the other ranks hold at most ``(W - P) * cap`` tokens,
+    so that parent also holds ``R = total - L - (W - P) * cap`` tokens of other samples. The
+    cheapest such filler is the shortest samples (attention per token grows with length),
+    taken fractionally; the parent's time is bounded as in ``parent_bound`` with the filler's
+    sums. Loaders that pack every rank to its budget make ``R`` large: this is what bounds the
+    memory-tight steps, where the balance bounds assume room that is not there."""
+    cost = problem.cost
+    longest = max(range(problem.num_samples), key=lambda s: (problem.tokens[s], -s))
+    length = problem.tokens[longest]
+    total = sum(problem.tokens)
+    shortest = sorted(
+        (s for s in range(problem.num_samples) if s != longest),
+        key=lambda s: (problem.tokens[s], s),
+    )
+    best = float("inf")
+    for size in sorted(set(sizes)):
+        if problem.capacity(size) < length:
+            continue
+        need = total - length - (cost.world_size - size) * cost.max_tokens_per_rank
+        full, sparse, work, tokens = (
+            problem.full_s[longest],
+            problem.sparse_s[longest],
+            problem.work_s[longest],
+            length,
+        )
+        for s in shortest:
+            if need <= 0:
+                break
+            share = min(1.0, need / problem.tokens[s])
+            full += share * problem.full_s[s]
+            sparse += share * problem.sparse_s[s]
+            work += share * problem.work_s[s]
+            tokens += min(need, problem.tokens[s])
+            need -= problem.tokens[s]
+        whole = unrepacked_parent_seconds(cost, size, full, sparse, tokens)
+        option = whole
+        single = single_sample_bound(problem, longest, size)
+        if repack and single < float("inf"):
+            m = max(ceil_div(tokens, size), ceil_div(length, min(size, cost.gpus_per_node)))
+            repacked = cost.full_layers * full_layer_seconds(cost, size, full, m)
+            repacked += cost.sparse_layers * max(work / size, single)
+            option = min(whole, repacked)
+        best = min(best, option)
+    return 0.0 if best == float("inf") else best
 
 
 PIGEONHOLE_DEPTH = 3

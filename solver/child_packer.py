@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from solver.buddy import Buddy
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Parent, unrepacked
+from solver.node_packing import pack_by_nodes
 from solver.problem import Problem
 
 BISECTION_STEPS = 6
@@ -178,6 +179,10 @@ class ChildPacker:
         z0, m0 = self.lower_bounds()
         if math.isinf(z0) or not self.members:
             return best
+        by_nodes = pack_by_nodes(p, self.start, self.size, self.members)
+        if by_nodes is not None and by_nodes[1] < best.seconds:
+            # Nodes first: the only packing that fits when memory is tight, often the best.
+            best = ChildSolution(*by_nodes)
 
         def consider(slack: float) -> bool:
             nonlocal best

@@ -22,6 +22,7 @@ from typing import Literal
 from solver.budget import Budget
 from solver.cost_model import ceil_div
 from solver.errors import InfeasibleRequestError
+from solver.node_packing import segments_fit, unplaced_tokens
 from solver.problem import Problem
 
 Objective = Literal["tokens", "baseline", "repack"]
@@ -101,11 +102,18 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
 
 
 class _Balancer:
-    def __init__(self, problem: Problem, sizes: Sequence[int], objective: Objective) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        sizes: Sequence[int],
+        objective: Objective,
+        repack_caps: Sequence[int] | None = None,
+    ) -> None:
         self.p = problem
         self.loads = [ParentLoad(size=s, capacity=problem.capacity(s)) for s in sizes]
         self.cost_fn = make_cost_fn(problem, objective)
         self.use_single = objective == "repack"
+        self.repack_caps = list(repack_caps) if repack_caps is not None else None
         self.evals = 0
 
     def single_of(self, s: int, size: int) -> float:
@@ -130,7 +138,10 @@ class _Balancer:
                 full += sign * p.full_s[s]
                 sparse += sign * p.sparse_s[s]
                 tokens += sign * p.tokens[s]
-        return self.cost_fn(ld.size, full, sparse, tokens, self.longest(j, add, remove))
+        single = self.longest(j, add, remove)
+        if self.repack_caps is not None and tokens > self.repack_caps[j]:
+            single = math.inf  # no node-local packing holds this many tokens: stays whole
+        return self.cost_fn(ld.size, full, sparse, tokens, single)
 
     def fits(self, j: int, add: int, remove: int | None = None) -> bool:
         ld = self.loads[j]
@@ -241,10 +252,13 @@ def balance(
     start: Sequence[Sequence[int]] | None = None,
     evals: int = LOCAL_SEARCH_EVALS,
     clock: Budget | None = None,
+    repack_caps: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Members of each parent (in index order), improved from ``start`` or built greedily;
-    the local search stops after ``evals`` evaluations or when ``clock`` runs out."""
-    bal = _Balancer(problem, sizes, objective)
+    the local search stops after ``evals`` evaluations or when ``clock`` runs out. With
+    ``repack_caps`` (objective ``repack``), a parent holding more tokens than its cap is
+    costed unrepacked: its samples cannot be packed node-locally."""
+    bal = _Balancer(problem, sizes, objective, repack_caps)
     if start is None:
         bal.greedy(heavy_order(problem))
     else:
@@ -256,6 +270,56 @@ def balance(
     if evals > 0:
         bal.improve(bal.evals + evals, clock)
     return [sorted(ld.members) for ld in bal.loads]
+
+
+MEMORY_ROUNDS = 3
+"""Rounds of ``make_room``: re-balance, re-check every parent's node-level packing."""
+
+
+def make_room(
+    problem: Problem,
+    sizes: Sequence[int],
+    members: Sequence[Sequence[int]],
+    evals: int = LOCAL_SEARCH_EVALS,
+    clock: Budget | None = None,
+) -> list[list[int]]:
+    """Membership re-balanced knowing which parents cannot be repacked for lack of memory.
+
+    The ``repack`` estimate assumes a parent's samples fit node-local children; a parent that
+    a loader filled to 99.9% of its memory usually does not. Each round finds the parents whose
+    repacked estimate beats their unrepacked time but whose samples fail a node-level packing
+    (``node_packing.segments_fit``), caps their tokens below what they hold by the tokens that
+    did not fit (at least one member), and re-balances under those caps: the local search then
+    sees such a parent at its unrepacked time and moves samples out of it where another parent
+    has room, or leaves it whole where moving costs more.
+    """
+    cost_fn = make_cost_fn(problem, "repack")
+    caps = [problem.capacity(s) for s in sizes]
+    current = [list(m) for m in members]
+    for _ in range(MEMORY_ROUNDS):
+        tightened = False
+        for j, (size, group) in enumerate(zip(sizes, current, strict=True)):
+            tokens = sum(problem.tokens[s] for s in group)
+            if not group or tokens > caps[j] or segments_fit(problem, size, group):
+                continue
+            single = max(problem.single_bounds(size)[s] for s in group)
+            full = sum(problem.full_s[s] for s in group)
+            sparse = sum(problem.sparse_s[s] for s in group)
+            if math.isinf(single):
+                continue  # a member longer than a node: the parent stays whole anyway
+            if cost_fn(size, full, sparse, tokens, single) >= cost_fn(
+                size, full, sparse, tokens, math.inf
+            ):
+                continue  # repacking would not pay: no reason to move anything
+            shortest = min(problem.tokens[s] for s in group)
+            caps[j] = tokens - max(unplaced_tokens(problem, size, group), shortest)
+            tightened = True
+        if not tightened or (clock is not None and clock.expired()):
+            break
+        current = balance(
+            problem, sizes, "repack", start=current, evals=evals, clock=clock, repack_caps=caps
+        )
+    return current
 
 
 def members_from_parent_of(parent_of: Sequence[int], num_parents: int) -> list[list[int]]:

@@ -15,14 +15,18 @@ Pipeline (each stage deterministic; the wall-clock deadline is only a safety net
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
 from solver.children import ChildrenSolution, polish, solve_children
+from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
-from solver.membership import Objective, balance, members_from_parent_of
+from solver.membership import Objective, balance, make_room, members_from_parent_of
+from solver.node_membership import node_seed
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
@@ -92,7 +96,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
         base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
     best = {
         "baseline": lambda: base,
-        "sizing": lambda: _sizing(problem, request, base, budget),
+        "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
         "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
         "repack+sizing": lambda: _repack_sizing(
@@ -113,9 +117,30 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
 def _repack(
     problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
 ) -> _Candidate:
-    """Children for the upstream membership; the bound holds for that membership."""
-    fixed = polish(problem, solve_children(problem, sizes, members, budget), budget)
+    """Children for the upstream membership; the bound holds for that membership. The
+    node-by-node stage with that membership kept is a second candidate."""
+    fixed = _fixed_best(
+        problem, sizes, members, solve_children(problem, sizes, members, budget), budget
+    )
     return _Candidate(fixed.layout, fixed.evaluation, max(fixed.parent_bounds))
+
+
+def _fixed_best(
+    problem: Problem,
+    sizes: list[int],
+    members: list[list[int]],
+    greedy: ChildrenSolution,
+    budget: Budget,
+) -> ChildrenSolution:
+    """Mode ``repack``'s answer for a membership: the greedy children polished by CP-SAT, or
+    the node-by-node layout of the same membership if that is faster."""
+    fixed = polish(problem, greedy, budget)
+    seeded = None if budget.expired() else node_seed(problem, sizes, budget, fixed=members)
+    if seeded is not None:
+        evaluation = evaluate(seeded[1], problem.cost, problem.costs)
+        if evaluation.step_s < fixed.evaluation.step_s:
+            return ChildrenSolution(seeded[1], evaluation, fixed.parent_bounds)
+    return fixed
 
 
 def _repack_parent(
@@ -133,14 +158,34 @@ def _repack_parent(
     if budget.expired():
         return _Candidate(fixed.layout, fixed.evaluation, free)
     moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
+    moved_members = make_room(problem, sizes, moved_members, clock=budget)
     moved = solve_children(problem, sizes, moved_members, budget)
+    seeded = _node_seeded(problem, sizes, budget)
+    if seeded is not None and seeded.evaluation.step_s < moved.evaluation.step_s:
+        moved = seeded
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
         moved = polish(problem, moved, budget)
         return _Candidate(moved.layout, moved.evaluation, free)
-    best = polish(problem, fixed, budget)
+    best = _fixed_best(problem, sizes, members, fixed, budget)
     if moved.evaluation.step_s < best.evaluation.step_s:
         best = moved  # already beats repack's exact result; one CP-SAT solve per request
     return _Candidate(best.layout, best.evaluation, free)
+
+
+def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> ChildrenSolution | None:
+    """Membership built node by node (``node_membership``): its own layout or the child
+    packer's for its membership, whichever is faster."""
+    if budget.expired():
+        return None
+    seeded = node_seed(problem, sizes, budget)
+    if seeded is None:
+        return None
+    members, layout = seeded
+    packed = solve_children(problem, sizes, members, budget)
+    evaluation = evaluate(layout, problem.cost, problem.costs)
+    if evaluation.step_s < packed.evaluation.step_s:
+        return ChildrenSolution(layout, evaluation, packed.parent_bounds)
+    return packed
 
 
 def _sized(
@@ -155,17 +200,43 @@ def _sized(
     return SizedMembership(sized.sizes, members, sized.estimate_s)
 
 
-def _sizing(problem: Problem, request: PlanRequest, base: _Candidate, budget: Budget) -> _Candidate:
+def _rebalanced(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> list[list[list[int]]]:
+    """The upstream sizes with membership balanced by exact unrepacked time: improved from the
+    upstream membership, and LPT from scratch (which may not fit a loader's packed memory)."""
+    out = [balance(problem, sizes, "baseline", start=members, clock=budget)]
+    with contextlib.suppress(InfeasibleRequestError):  # a loader's packing may be tighter
+        out.append(balance(problem, sizes, "baseline", clock=budget))
+    seeded = node_seed(problem, sizes, budget, repack=False)  # LPT by work, exact moves
+    if seeded is not None:
+        out.append(seeded[0])
+    return out
+
+
+def _sizing(
+    problem: Problem,
+    request: PlanRequest,
+    base: _Candidate,
+    sizes: list[int],
+    members: list[list[int]],
+    budget: Budget,
+) -> _Candidate:
     """FlexSP-style: heterogeneous parent sizes and membership, no repacking."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=False)
+    best = base
+    # The upstream sizes re-balanced by exact time: a sizing that only moves samples.
+    candidates = [(sizes, m) for m in _rebalanced(problem, sizes, members, budget)]
     sized = _sized(problem, request, "baseline", base.evaluation.step_s, budget)
     if sized is not None and not budget.expired():
-        layout = baseline_layout(sized.sizes, sized.members)
+        candidates.append((sized.sizes, sized.members))
+    for cand_sizes, cand_members in candidates:
+        layout = baseline_layout(cand_sizes, cand_members)
         evaluation = evaluate(layout, problem.cost, problem.costs)
-        if evaluation.step_s < base.evaluation.step_s:
-            return _Candidate(layout, evaluation, bound)
-    return _Candidate(base.layout, base.evaluation, bound)
+        if evaluation.step_s < best.evaluation.step_s:
+            best = _Candidate(layout, evaluation, bound)
+    return _Candidate(best.layout, best.evaluation, bound)
 
 
 def _repack_sizing(
@@ -181,13 +252,24 @@ def _repack_sizing(
     sized layouts do not already beat its lower bound."""
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     bound = membership_free_bound(problem, allowed, repack=True)
+    costs = (problem.cost, problem.costs)
     found: ChildrenSolution | None = None
     # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
     # same search range, and children can only speed it up) and the optimistic repacked one.
-    for objective in SIZING_OBJECTIVES:
+    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that.
+    uniform = [
+        SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
+    ]
+    for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
         if budget.expired():
             break
-        sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
+        if isinstance(objective, int):
+            sized: SizedMembership | None = uniform[objective]
+            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
+            if found is not None and found.evaluation.step_s <= whole.step_s:
+                continue  # already at least as fast as mode `sizing` can be with it
+        else:
+            sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
         if sized is None:
             continue
         candidate = solve_children(problem, sized.sizes, sized.members, budget)

@@ -46,6 +46,16 @@ class Problem:
         lin = self.cost.linear_seconds_per_token
         return tuple(s + t * lin for s, t in zip(self.sparse_s, self.tokens, strict=True))
 
+    @cached_property
+    def heavy_rank(self) -> tuple[int, ...]:
+        """Position of each sample in decreasing-work order (index breaks ties): a sort key
+        that costs no Python call per comparison."""
+        order = sorted(range(self.num_samples), key=lambda s: (-self.work_s[s], s))
+        rank = [0] * self.num_samples
+        for position, s in enumerate(order):
+            rank[s] = position
+        return tuple(rank)
+
     def capacity(self, size: int) -> int:
         return size * self.cost.max_tokens_per_rank
 

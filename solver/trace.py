@@ -14,6 +14,11 @@ samples planned by one ``PlanRequest``. The generator draws every batch the same
    ``min_length`` or ``MAX_SKIPS`` draws in a row did not fit. A batch therefore fills its
    budget to within a few short samples, and a long sample is kept unless it arrives late.
 
+With a ``loader`` section the batch is instead what a packing data loader emits (``PackedLoader``):
+the loader fixes one parent size for the step, fills every parent, in arrival order, to at least
+``min_fill`` of its ``P * max_tokens_per_rank`` and reports ``parent_sizes`` and ``parent_of``
+with the lengths, so the planner sees memory-tight parents exactly as a real loader leaves them.
+
 Each step's random stream is seeded by ``(seed, step)`` alone, so step 123 is the same batch
 whether it is drawn alone, in order or in another process. ``load_trace`` reads a scenario YAML
 (generator parameters + request fields), a directory of request files, or one request file, and
@@ -22,6 +27,7 @@ yields validated ``PlanRequest`` objects: the one way the CLI and the tests read
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterator
@@ -126,6 +132,79 @@ class LengthDistribution(BaseModel):
         return (1.0 - p) * self.body_exceeds(length) + p * self.tail_exceeds(length)
 
 
+MAX_PACKING_DRAWS = 200_000
+"""A packed step stops drawing after this many lengths even if a parent is still below its
+fill (only reachable with distributions that have no short samples)."""
+
+
+class PackedLoader(BaseModel):
+    """A loader that packs every rank to its token budget, as real variable-length loaders do.
+
+    Per step: lengths are drawn until the cluster's memory is covered; the parent size is the
+    smallest allowed uniform size, at least ``min_parent_size``, that holds the longest of them
+    within ``long_sample_share`` of a parent (the loader keeps room beside a long sample); then
+    samples, in arrival order, go to the first parent with room (first fit), more are drawn
+    until every parent holds at least ``min_fill`` of ``P * max_tokens_per_rank``, and samples
+    that fit nowhere are dropped. The request carries ``parent_sizes`` and ``parent_of``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_fill: float = Field(
+        0.99, gt=0, le=1, description="Least share of a parent's token capacity it is filled to."
+    )
+    min_parent_size: StrictInt = Field(8, ge=1, description="The loader's usual SP degree.")
+    long_sample_share: float = Field(
+        0.5, gt=0, le=1, description="Largest share of a parent the longest sample may take."
+    )
+
+    def pack(
+        self,
+        rng: np.random.Generator,
+        lengths: LengthDistribution,
+        allowed: list[int],
+        cap: int,
+        world: int,
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``(lengths, parent_sizes, parent_of)`` of one step."""
+        pool: list[int] = []
+        while sum(pool) < world * cap:
+            pool += lengths.draw(rng, DRAW_CHUNK).tolist()
+        running = list(itertools.accumulate(pool))
+        pool = pool[: bisect.bisect_left(running, world * cap) + 1]  # just covers the memory
+        longest = max(pool)
+        fitting = [p for p in allowed if p * cap >= longest]
+        size = next(
+            (
+                p
+                for p in fitting
+                if p >= self.min_parent_size and longest <= self.long_sample_share * p * cap
+            ),
+            fitting[-1],
+        )
+        parents = world // size
+        room = [size * cap] * parents
+        target = size * cap - math.ceil(self.min_fill * size * cap)  # room left when full
+        batch: list[int] = []
+        parent_of: list[int] = []
+
+        def offer(n: int) -> None:
+            j = next((j for j in range(parents) if room[j] > target and room[j] >= n), None)
+            if j is not None:
+                batch.append(n)
+                parent_of.append(j)
+                room[j] -= n
+
+        for n in pool:
+            offer(n)
+        drawn = 0
+        while any(r > target for r in room) and drawn < MAX_PACKING_DRAWS:
+            for n in lengths.draw(rng, DRAW_CHUNK).tolist():
+                offer(n)
+            drawn += DRAW_CHUNK
+        return batch, [size] * parents, parent_of
+
+
 class TraceSpec(BaseModel):
     """How a trace is generated: seed, number of steps, batch budget, length distribution."""
 
@@ -138,6 +217,9 @@ class TraceSpec(BaseModel):
         0.6, gt=0, le=1, description="Token budget per step as a share of cluster memory."
     )
     lengths: LengthDistribution = Field(default_factory=LengthDistribution)
+    loader: PackedLoader | None = Field(
+        None, description="Packed loader (parent_sizes/parent_of per step); fill is unused."
+    )
 
     def budget(self, cluster: ClusterSpec) -> int:
         """Token budget of every step on ``cluster``."""
@@ -160,6 +242,17 @@ class TraceSpec(BaseModel):
                 if left < self.lengths.min_length or skips >= MAX_SKIPS:
                     break
         return batch or [self.lengths.min_length]  # nothing fitted: the shortest sample
+
+    def packed_step(
+        self, step: int, cluster: ClusterSpec, model: ModelSpec
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``(lengths, parent_sizes, parent_of)`` of ``step`` under the packed ``loader``."""
+        assert self.loader is not None
+        rng = np.random.default_rng([self.seed, step])
+        allowed = allowed_parent_sizes(cluster, model)
+        return self.loader.pack(
+            rng, self.lengths, allowed, cluster.max_tokens_per_rank, cluster.world_size
+        )
 
 
 class Scenario(BaseModel):
@@ -188,6 +281,12 @@ class Scenario(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _loader_gives_sizes(self) -> Scenario:
+        if self.trace.loader is not None and self.parent_sizes is not None:
+            raise ValueError("parent_sizes: a trace.loader chooses the parent sizes itself")
+        return self
+
+    @model_validator(mode="after")
     def _budget_holds_a_sample(self) -> Scenario:
         budget, shortest = self.trace.budget(self.cluster), self.trace.lengths.min_length
         if budget < shortest:
@@ -200,6 +299,20 @@ class Scenario(BaseModel):
     def requests(self) -> Iterator[PlanRequest]:
         """One validated request per step, in step order."""
         for step in range(self.trace.first_step, self.trace.first_step + self.trace.steps):
+            if self.trace.loader is not None:
+                lengths, sizes, parent_of = self.trace.packed_step(step, self.cluster, self.model)
+                yield PlanRequest(
+                    job_id=self.job_id,
+                    step=step,
+                    cluster=self.cluster,
+                    model=self.model,
+                    lengths=lengths,
+                    parent_sizes=sizes,
+                    parent_of=parent_of,
+                    mode=self.mode,
+                    deadline_ms=self.deadline_ms,
+                )
+                continue
             yield PlanRequest(
                 job_id=self.job_id,
                 step=step,

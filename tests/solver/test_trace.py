@@ -78,7 +78,8 @@ def test_scenario_files_load_and_fit_memory() -> None:
         assert scenario_steps, path
         for request in scenario_steps:
             cluster = request.cluster
-            assert sum(request.lengths) <= 0.7 * cluster.world_size * cluster.max_tokens_per_rank
+            share = 1.0 if request.parent_of is not None else 0.7  # packed loaders fill memory
+            assert sum(request.lengths) <= share * cluster.world_size * cluster.max_tokens_per_rank
             assert max(request.lengths) <= 32 * cluster.max_tokens_per_rank
 
 
@@ -90,6 +91,37 @@ def test_gpu64_scenario_has_the_documented_shape() -> None:
     # Longer than a node's memory (8 x 32768): such a step cannot use parents of 8.
     beyond_node = sum(max(r.lengths) > 8 * 32768 for r in requests)
     assert 3 <= beyond_node <= 20
+
+
+def test_packed_loader_fills_every_parent_and_gives_its_membership() -> None:
+    requests = list(load_trace(SCENARIOS / "gpu64-packed.yaml"))
+    assert len(requests) == 200
+    for r in requests:
+        assert r.parent_sizes is not None and r.parent_of is not None
+        assert len(set(r.parent_sizes)) == 1 and sum(r.parent_sizes) == 64
+        cap = r.parent_sizes[0] * r.cluster.max_tokens_per_rank
+        load = [0] * len(r.parent_sizes)
+        for n, j in zip(r.lengths, r.parent_of, strict=True):
+            load[j] += n
+        assert all(0.99 * cap <= t <= cap for t in load)
+        # the loader keeps room beside the longest sample unless no parent is wide enough
+        assert max(r.lengths) <= 0.5 * cap or r.parent_sizes[0] == 32
+    sizes = [r.parent_sizes[0] for r in requests if r.parent_sizes]
+    assert sizes.count(32) >= 3 and sizes.count(16) >= 3 and sizes.count(8) >= 100
+
+
+def test_packed_steps_depend_only_on_seed_and_step() -> None:
+    data = {
+        "cluster": {"nodes": 2},
+        "trace": {"seed": 3, "steps": 4, "loader": {"min_fill": 0.95}},
+    }
+    alone = list(
+        Scenario.model_validate({**data, "trace": {**data["trace"], "first_step": 2}}).requests()
+    )
+    in_order = list(Scenario.model_validate(data).requests())
+    assert alone[0].lengths == in_order[2].lengths and alone[0].parent_of == in_order[2].parent_of
+    with pytest.raises(ValidationError, match=r"a trace\.loader chooses the parent sizes"):
+        Scenario.model_validate({**data, "parent_sizes": [8, 8]})
 
 
 def test_load_trace_reads_directories_and_single_requests(tmp_path: Path) -> None:

@@ -1,0 +1,182 @@
+"""Node-level packing of one parent: samples onto its nodes first, then one child size per node.
+
+Real data loaders fill every rank to its token budget, so a parent often holds 99.9% of
+``P * max_tokens_per_rank``. A child of ``k`` ranks holds at most ``k * max_tokens_per_rank``
+tokens and never leaves its node, so repacking such a parent is a bin-packing problem at node
+level before it is a balancing problem: the child packer's heaviest-first greedy, which opens
+small children first, runs out of memory on it. This module packs *segments* first (the
+parent's nodes, or its two halves when the parent fits in a node), by work (LPT, least loaded
+segment with room) or, if memory is too tight for that, by tokens (first fit decreasing), then
+picks for every segment the uniform child size whose LPT packing is fastest.
+
+``segments_fit`` is the same test as a yes/no answer: the membership stage uses it to know
+when a parent cannot be repacked and samples must move to another parent to make room.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.layout import Child, Parent
+from solver.problem import Problem
+
+
+def segment_size(problem: Problem, size: int) -> int:
+    """Ranks of one segment: a node of a parent wider than a node, else half the parent (a
+    child as wide as the parent is the unrepacked layout, so it does not count)."""
+    g = problem.cost.gpus_per_node
+    return g if size > g else max(size // 2, 1)
+
+
+def _first_fit_decreasing(
+    problem: Problem, members: Sequence[int], bins: int, capacity: int
+) -> list[list[int]] | None:
+    """Members by decreasing length into ``bins`` bins of ``capacity`` tokens (first fit)."""
+    room = [capacity] * bins
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for s in sorted(members, key=lambda s: (-problem.tokens[s], s)):
+        n = problem.tokens[s]
+        b = next((b for b in range(bins) if room[b] >= n), None)
+        if b is None:
+            return None
+        room[b] -= n
+        out[b].append(s)
+    return out
+
+
+def _lpt(
+    problem: Problem, members: Sequence[int], bins: int, ranks: int, capacity: int
+) -> tuple[list[list[int]], list[int], list[float]] | None:
+    """Members by decreasing work, each to the least loaded bin with room (LPT); bins of
+    ``ranks`` ranks with ``capacity`` tokens. ``(groups, tokens, sparse seconds)`` per bin, or
+    None when a member finds no room."""
+    work, tokens, sparse = problem.work_s, problem.tokens, problem.sparse_s
+    heap = [(0.0, b) for b in range(bins)]
+    room = [capacity] * bins
+    sparse_sum = [0.0] * bins
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for s in sorted(members, key=problem.heavy_rank.__getitem__):
+        n = tokens[s]
+        if bins == 1:
+            if room[0] < n:
+                return None
+            room[0] -= n
+            out[0].append(s)
+            sparse_sum[0] += sparse[s]
+            continue
+        skipped = []
+        while heap and room[heap[0][1]] < n:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        load, b = heap[0]
+        room[b] -= n
+        out[b].append(s)
+        sparse_sum[b] += sparse[s]
+        heapq.heapreplace(heap, (load + work[s] / ranks, b))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return out, [capacity - r for r in room], sparse_sum
+
+
+def segments_fit(problem: Problem, size: int, members: Sequence[int]) -> bool:
+    """Whether some node-local repacked layout holds ``members`` within memory (first fit
+    decreasing onto segments; a sufficient test, exact in the common case)."""
+    seg = segment_size(problem, size)
+    if seg == size:
+        return False  # a 1-rank parent cannot be repacked
+    cap = problem.capacity(seg)
+    total = sum(problem.tokens[s] for s in members)
+    bins = size // seg
+    longest = max((problem.tokens[s] for s in members), default=0)
+    if longest > cap:
+        return False
+    if total <= bins * cap - (bins - 1) * longest:
+        return True  # first fit cannot fail: a failing item would find every bin fuller
+    return _first_fit_decreasing(problem, members, bins, cap) is not None
+
+
+def unplaced_tokens(problem: Problem, size: int, members: Sequence[int]) -> int:
+    """Tokens that first fit decreasing leaves without a segment (0 when the members fit)."""
+    seg = segment_size(problem, size)
+    room = [problem.capacity(seg)] * (size // seg)
+    left = 0
+    for s in sorted(members, key=lambda s: (-problem.tokens[s], s)):
+        n = problem.tokens[s]
+        b = next((b for b in range(len(room)) if room[b] >= n), None)
+        if b is None:
+            left += n
+        else:
+            room[b] -= n
+    return left
+
+
+def children_of_segment(
+    problem: Problem, start: int, seg: int, members: list[int], parent_size: int
+) -> tuple[list[Child], float, int] | None:
+    """Fastest uniform child size for one segment: ``(children, sparse-layer time, busiest
+    rank's tokens)``; the proxy weighs time and tokens as the parent's step does."""
+    cost = problem.cost
+    full_tok = cost.full_layers * (
+        cost.linear_seconds_per_token + cost.a2a_seconds_per_token(parent_size)
+    )
+    best: tuple[float, list[Child], float, int] | None = None
+    for k in problem.child_sizes:
+        if k > seg:
+            break
+        packed = _lpt(problem, members, seg // k, k, problem.capacity(k))
+        if packed is None:
+            continue
+        groups, tokens, sparse = packed
+        z = max(
+            child_layer_seconds(cost, k, sp, tok) for sp, tok in zip(sparse, tokens, strict=True)
+        )
+        m = ceil_div(max(tokens), k)
+        score = cost.sparse_layers * z + m * full_tok
+        if best is None or score < best[0]:
+            kids = [Child(start + i * k, k, tuple(g)) for i, g in enumerate(groups)]
+            best = (score, kids, z, m)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def pack_by_nodes(
+    problem: Problem, start: int, size: int, members: Sequence[int]
+) -> tuple[Parent, float] | None:
+    """The faster of the work-balanced and the token-first node packings of a parent, with
+    its time; None when neither fits in memory."""
+    seg = min(size, problem.cost.gpus_per_node)  # one bin per node, or the whole parent
+    if size == 1 or not members:
+        return None
+    bins, cap = size // seg, problem.capacity(seg)
+    best: tuple[Parent, float] | None = None
+    by_work = _lpt(problem, members, bins, seg, cap)
+    for assign in (
+        by_work[0] if by_work is not None else None,
+        _first_fit_decreasing(problem, members, bins, cap),
+    ):
+        if assign is None:
+            continue
+        parent = _parent_from_segments(problem, start, size, seg, assign)
+        if parent is not None and (best is None or parent[1] < best[1]):
+            best = parent
+    return best
+
+
+def _parent_from_segments(
+    problem: Problem, start: int, size: int, seg: int, assign: list[list[int]]
+) -> tuple[Parent, float] | None:
+    cost = problem.cost
+    children: list[Child] = []
+    z, m = 0.0, 0
+    for b, group in enumerate(assign):
+        made = children_of_segment(problem, start + b * seg, seg, group, size)
+        if made is None:
+            return None
+        kids, zb, mb = made
+        children += kids
+        z, m = max(z, zb), max(m, mb)
+    full_s = sum(problem.full_s[s] for g in assign for s in g)
+    seconds = cost.full_layers * full_layer_seconds(cost, size, full_s, m) + cost.sparse_layers * z
+    return Parent(start, size, tuple(children)), seconds
