@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "cli.serve",
     "cli.demo",
     "cli.bench_service",
+    "cli.calibrate",
 )
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 
