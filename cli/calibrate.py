@@ -172,4 +172,5 @@ def profile_document(name: str, fitted: FittedProfile) -> dict[str, Any]:
         "intra_node_gbps": fitted.intra_node_gbps,
         "inter_node_gbps": fitted.inter_node_gbps,
         "collective_latency_us": fitted.collective_latency_s * 1e6,
+        "compute_efficiency": fitted.compute_efficiency,
     }

@@ -31,6 +31,10 @@ MAD_TO_SIGMA = 1.4826
 
 IRLS_ITERATIONS = 30
 
+LATENCY_ONLY_RATE = 1e14
+"""Rate reported when time does not grow with size at all (pure latency): 100,000 GB/s, the top
+of a profile's bandwidth range, so the size term vanishes without dividing by zero."""
+
 
 class CalibrationFitError(ValueError):
     """The measurements cannot determine the requested constants."""
@@ -87,7 +91,10 @@ def fit_rate(
         return through_zero
     X = np.column_stack([np.ones_like(x_a), x_a])
     b, slope = _weighted_lstsq(X, y_a, w)
-    if slope <= 0 or b <= 0:
+    if slope <= 0:  # flat or falling with size: latency only
+        latency = float(np.sum(w * y_a) / np.sum(w))
+        return _rate_fit(x_a, y_a, LATENCY_ONLY_RATE, latency)
+    if b <= 0:
         return through_zero
     with_b = _rate_fit(x_a, y_a, 1.0 / slope, float(b))
     if intercept or with_b.rel_rms_error < INTERCEPT_GAIN * through_zero.rel_rms_error:

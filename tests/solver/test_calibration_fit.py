@@ -157,3 +157,9 @@ def test_refit_needs_enough_steps() -> None:
         refit(obs, constants_of(req))
     assert not refit_due(3, 0, FeedbackConfig())
     assert refit_due(8, 0, FeedbackConfig()) and not refit_due(10, 8, FeedbackConfig())
+
+
+def test_fit_rate_reads_flat_times_as_latency_only() -> None:
+    fit = fit_rate([1e3, 1e4, 1e5], [2.1e-3, 2e-3, 1.9e-3])  # noise: bigger is faster
+    assert fit.intercept_s == pytest.approx(2e-3, rel=0.05)
+    assert fit.rate >= 1e13  # the size term vanishes
