@@ -15,7 +15,9 @@ from api.body_limit import BodyLimitMiddleware
 from api.metrics import LatencyMiddleware, ServiceMetrics
 from api.plan_service import PlanService
 from api.problems import install_problem_handlers
+from api.profile_store import ProfileStore
 from api.routers import dashboard, health, jobs, plans
+from api.routers import measurements as measurements_router
 from api.settings import Settings, get_settings
 from api.solver_pool import SolverPool
 from api.storage import PlanStore
@@ -32,6 +34,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = PlanStore(settings.database_url)
         await run_in_threadpool(store.create_schema)
+        app.state.profiles = ProfileStore(store.engine)  # profiles, measurements, job feedback
+        await run_in_threadpool(app.state.profiles.create_schema)
         pool = SolverPool(
             workers=settings.solver_workers,
             queue_limit=settings.queue_limit,
@@ -67,5 +71,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(LatencyMiddleware, metrics=metrics)
     for module in (plans, jobs, health, dashboard):
         app.include_router(module.router)
+    app.include_router(measurements_router.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

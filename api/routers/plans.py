@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from api.deps import ServiceDep
+from api.feedback import record_planned, resolve_request
 from api.problems import ProblemError, problem_responses
 from api.storage import MAX_STEP
 from solver.schema import Plan, PlanRequest
@@ -24,7 +25,7 @@ SOURCE_HEADER = "X-Repack-Plan-Source"
     summary="Plan one step",
     responses=problem_responses(400, 409, 413, 422, 429, 500, 503),
 )
-async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
+async def create_plan(body: PlanRequest, service: ServiceDep, http: Request) -> Response:
     """Solve (or replay) the plan for ``(job_id, step)``.
 
     Every request with the same key and body gets byte-identical JSON; the same key with a
@@ -34,7 +35,10 @@ async def create_plan(body: PlanRequest, service: ServiceDep) -> Response:
         raise RequestValidationError(
             [{"loc": ("body", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
         )
+    profiles = http.app.state.profiles
+    body, profile_version = await resolve_request(profiles, body)  # opted-in job: refitted profile
     answer = await service.plan(body)
+    await record_planned(profiles, body, answer.source, profile_version)
     return Response(
         answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
     )
