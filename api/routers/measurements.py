@@ -72,7 +72,10 @@ def _check_step(step: int) -> None:
     response_model=MeasurementAnswer,
     status_code=201,
     summary="Report what a step really took",
-    responses=problem_responses(409, 413, 422),
+    responses={
+        200: {"model": MeasurementAnswer, "description": "Already stored: a replay."},
+        **problem_responses(400, 409, 413, 422),
+    },
 )
 async def post_measurement(
     job_id: JobId,
@@ -132,7 +135,7 @@ async def list_measurements(
 @router.put(
     "/{job_id}/feedback",
     summary="Opt a job in or out of profile refits",
-    responses=problem_responses(422),
+    responses=problem_responses(400, 413, 422),
 )
 async def put_feedback(job_id: JobId, body: FeedbackSettings, request: Request) -> dict[str, Any]:
     settings = body.model_dump(exclude={"enabled"})
@@ -147,6 +150,10 @@ async def put_feedback(job_id: JobId, body: FeedbackSettings, request: Request) 
     return await run_in_threadpool(feedback_view, profiles, job_id)
 
 
-@router.get("/{job_id}/feedback", summary="A job's refit settings and fitted profile versions")
+@router.get(
+    "/{job_id}/feedback",
+    summary="A job's refit settings and fitted profile versions",
+    responses=problem_responses(422),
+)
 async def get_feedback(job_id: JobId, request: Request) -> dict[str, Any]:
     return await run_in_threadpool(feedback_view, profile_store(request), job_id)
