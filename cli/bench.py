@@ -1,4 +1,4 @@
-"""`repack bench [--sizes GPUS:SAMPLES ...] [--repeats N] [--json]`: solver latency per size.
+"""`repack bench [--sizes GPUS:SAMPLES ...] [--repeats N] [--profile FILE] [--json]`: latency.
 
 For each problem size, ``--repeats`` generated steps (the default length distribution of
 ``solver.trace``, with the token budget set so that a step holds about SAMPLES samples) are
@@ -24,6 +24,7 @@ from tqdm import tqdm
 from cli.errors import InputError
 from cli.options import MODES, add_deadline, positive_int
 from cli.output import format_table
+from cli.profile_option import add_profile, load_profile, with_profile
 from solver.planner import plan
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest, allowed_parent_sizes
 from solver.trace import LengthDistribution, Scenario, TraceSpec
@@ -109,6 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=MODES, default="repack+parent", help="default repack+parent")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     add_deadline(p)
+    add_profile(p)
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy-only rows")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -151,9 +153,10 @@ def bench_size(
 
 
 def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
     batches = [
         [
-            r.model_copy(update={"mode": args.mode})
+            with_profile(r, profile).model_copy(update={"mode": args.mode})
             for r in size.scenario(args.repeats, args.seed).requests()
         ]
         for size in args.sizes

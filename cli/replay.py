@@ -1,4 +1,4 @@
-"""`repack replay TRACE [--modes ...] [--json] [--workers N] [--steps N]`.
+"""`repack replay TRACE [--modes ...] [--json] [--workers N] [--steps N] [--profile FILE]`.
 
 Plans every step of a trace in every mode, in parallel over processes, and prints the
 paper-style table (mean predicted step time, change vs baseline, MFU, gap, solve time) over the
@@ -24,6 +24,7 @@ from tqdm import tqdm
 from cli.errors import INPUT_ERRORS, InputError, describe, reading
 from cli.options import MODES, add_deadline, positive_int
 from cli.output import format_table
+from cli.profile_option import add_profile, load_profile, with_profile
 from cli.replay_stats import (
     CLASSIFYING_MODE,
     GROUPS,
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="processes (default: all CPUs)",
     )
     add_deadline(p)
+    add_profile(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
@@ -138,8 +140,9 @@ def replay(
 
 
 def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
     with reading(args.trace):
-        requests = list(islice(load_trace(args.trace), args.steps))
+        requests = [with_profile(r, profile) for r in islice(load_trace(args.trace), args.steps)]
     results = replay(
         requests,
         args.modes,

@@ -1,4 +1,4 @@
-"""`repack solve REQUEST [--mode M] [--deadline-ms N] [--out PLAN.json]`."""
+"""`repack solve REQUEST [--mode M] [--deadline-ms N] [--profile FILE] [--out PLAN.json]`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from itertools import groupby
 from cli.errors import reading
 from cli.options import MODES, add_deadline
 from cli.output import write_atomic
+from cli.profile_option import add_profile, load_profile, with_profile
 from solver.io import read_request
 from solver.planner import plan
 from solver.schema import Plan
@@ -25,13 +26,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("request", help="PlanRequest file (.json, .yaml or .yml)")
     p.add_argument("--mode", choices=MODES, default=None, help="override the request's mode")
     add_deadline(p)
+    add_profile(p)
     p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan here")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
     with reading(args.request):
-        request = read_request(args.request, mode=args.mode)
+        request = with_profile(read_request(args.request, mode=args.mode), profile)
     result = plan(request, deadline_ms=args.deadline_ms)
     text = result.model_dump_json(indent=1) + "\n"
     if args.out:

@@ -1,4 +1,5 @@
-"""`repack validate REQUEST PLAN`: exit 0 if the plan is valid, 1 with one line per violation."""
+"""`repack validate REQUEST PLAN [--profile FILE]`: exit 0 if the plan is valid, else 1 with one
+line per violation."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sys
 
 from cli.errors import reading
+from cli.profile_option import add_profile, load_profile, with_profile
 from solver.io import load_document, read_request
 from solver.schema import Plan
 from solver.validate import validate_plan
@@ -22,12 +24,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("request", help="PlanRequest file (.json, .yaml or .yml)")
     p.add_argument("plan", help="Plan file (.json)")
+    add_profile(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
     with reading(args.request):
-        request = read_request(args.request)
+        request = with_profile(read_request(args.request), profile)
     with reading(args.plan):
         result = Plan.model_validate(load_document(args.plan))
     violations = validate_plan(request, result)

@@ -5,7 +5,8 @@ Formulation (linear, no products): every node of the parent offers a fixed menu 
 ``g/k`` slots of each child size ``k``; a usage boolean per slot with ``sum k * used <= g``
 keeps the chosen children a buddy-alignable partition of the node (sizes sorted largest first
 are always aligned). ``x[i, slot]`` exists only where sample ``i`` fits the slot's memory and
-could beat the incumbent. Times are integers in ``TIME_UNIT_S``; coefficients are rounded down
+could beat the incumbent. Times are integers of ``time_unit_s`` (1 ns unless the parent's
+horizon would overflow, see cpsat_units.py); coefficients are rounded down
 and ``ceil(T/k)`` is relaxed to ``T/k`` in child times, so the model never overestimates and
 its bound is a true lower bound of the cost model. Symmetric slots and nodes are ordered by
 load, and the greedy hint is relabelled to respect that order.
@@ -19,12 +20,9 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from solver.cost_model import full_layer_seconds
+from solver.cpsat_units import time_unit_s
 from solver.layout import Child, Parent
 from solver.problem import Problem
-
-TIME_UNIT_S = 1e-9
-"""Integer time unit of the model: 1 ns keeps rounding far below any decision's effect."""
 
 DETERMINISTIC_SECONDS = 0.015
 
@@ -77,7 +75,15 @@ class ChildModel:
         self.g = min(size, cost.gpus_per_node)
         self.nodes = size // self.g
         self.sizes = [k for k in problem.child_sizes if k <= self.g]
-        self.full_const_s = cost.full_layers * sum(problem.full_s[s] for s in members) / size
+        full_s = sum(problem.full_s[s] for s in members)
+        # (the per-collective latency of the children is left out: the bound stays a bound)
+        self.full_const_s = (
+            cost.full_layers * full_s / size + cost.full_layers * cost.collective_seconds(size)
+        )
+        self.full_per_token_s = cost.full_layers * (
+            cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
+        )
+        self.unit_s = time_unit_s(self._horizon_s())
         self.incumbent = incumbent_s
         self.model = cp_model.CpModel()
         self.slots = [
@@ -92,12 +98,22 @@ class ChildModel:
         self._objective()
 
     # --- coefficients -------------------------------------------------------------------
+    def _horizon_s(self) -> float:
+        """Every member in the slowest child size plus the busiest rank's full-layer term at
+        full memory: no expression of the model sums to more (in seconds)."""
+        cost, p = self.p.cost, self.p
+        per_token = cost.linear_seconds_per_token + max(
+            cost.a2a_seconds_per_token(k) for k in self.sizes
+        )
+        sparse = sum(p.sparse_s[i] + p.tokens[i] * per_token for i in self.members)
+        return sparse + self.full_per_token_s * cost.max_tokens_per_rank
+
     def child_units(self, sample: int, k: int) -> int:
         """Floor of the sample's share of a size-k child's sparse-layer time, in units."""
         cost, p = self.p.cost, self.p
         per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(k)
         seconds = (p.sparse_s[sample] + p.tokens[sample] * per_token) / k
-        return math.floor(seconds / TIME_UNIT_S)
+        return math.floor(seconds / self.unit_s)
 
     # --- model --------------------------------------------------------------------------
     def _variables(self) -> None:
@@ -110,7 +126,7 @@ class ChildModel:
             for j, slot in enumerate(self.slots):
                 if p.tokens[i] > slot.size * cost.max_tokens_per_rank:
                     continue
-                if self.child_units(i, slot.size) * TIME_UNIT_S > budget_units:
+                if self.child_units(i, slot.size) * self.unit_s > budget_units:
                     continue  # alone there it already loses to the incumbent
                 self.x[i, j] = m.new_bool_var(f"x_s{i}_n{slot.node}_k{slot.size}_q{slot.index}")
         # Redundant lower bounds (the LP relaxation is useless without them): some rank holds
@@ -120,7 +136,7 @@ class ChildModel:
         tokens = [p.tokens[i] for i in self.members]
         m_lo = max(-(-sum(tokens) // self.size), -(-max(tokens) // self.g))
         self.max_tokens = m.new_int_var(min(m_lo, cap), cap, "max_rank_tokens")
-        work = sum(math.floor(p.work_s[i] / TIME_UNIT_S) for i in self.members)
+        work = sum(math.floor(p.work_s[i] / self.unit_s) for i in self.members)
         single = max(min(self.child_units(i, k) for k in self.sizes) for i in self.members)
         horizon = sum(max(self.child_units(i, k) for k in self.sizes) for i in self.members) + 1
         z_lo = max(single, work // self.size)
@@ -176,8 +192,7 @@ class ChildModel:
     def _objective(self) -> None:
         """Full layers' busiest-rank term plus sparse layers' slowest child (constants apart)."""
         cost = self.p.cost
-        per_token = full_layer_seconds(cost, self.size, 0.0, 1) * cost.full_layers
-        self.m_units = math.floor(per_token / TIME_UNIT_S)
+        self.m_units = math.floor(self.full_per_token_s / self.unit_s)
         self.model.minimize(self.m_units * self.max_tokens + cost.sparse_layers * self.z)
 
     # --- hint and solve -----------------------------------------------------------------
@@ -228,7 +243,7 @@ class ChildModel:
         params.random_seed = 0
         params.cp_model_probing_level = 0  # probing alone would eat the whole work limit
         status = solver.solve(self.model)
-        bound = min(self.incumbent, self.full_const_s + solver.best_objective_bound * TIME_UNIT_S)
+        bound = min(self.incumbent, self.full_const_s + solver.best_objective_bound * self.unit_s)
         found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
         # An open search that stopped before its deterministic limit was stopped by the clock.
         wall = solver.deterministic_time < work_limit_s * WORK_LIMIT_REACHED
@@ -240,7 +255,7 @@ class ChildModel:
             bound,
             status == cp_model.OPTIMAL,
             wall and status != cp_model.OPTIMAL,
-            self.full_const_s + solver.objective_value * TIME_UNIT_S if found else None,
+            self.full_const_s + solver.objective_value * self.unit_s if found else None,
         )
 
     def _layout(self, solver: cp_model.CpSolver) -> Parent:

@@ -8,6 +8,10 @@ the planners can evaluate a layout with sums; a child of size ``k`` holding samp
 per sparse layer, and a parent of size ``P`` takes, per full layer,
 
     full_attention(S) / P + max_rank_tokens * (linear_per_token + a2a_per_token(P)).
+
+Every group of more than one rank also pays ``COLLECTIVES_PER_LAYER`` times the profile's fixed
+latency per collective (0 in the default profile, which reproduces the design's numbers). Full
+attention, sliding-window attention and the linear/MoE part each run at their own share of peak.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from solver.schema import ClusterSpec, ModelSpec
+from solver.errors import PlanningError
+from solver.profiles import Profile
+from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 
 BYTES_PER_GB = 1e9
 FLOPS_PER_TFLOP = 1e12
 FWD_BWD_FLOPS_PER_MAC = 6  # 2 FLOPs per multiply-add, x3 for forward + backward
 ALL_TO_ALL_PASSES = 2  # forward and backward
+COLLECTIVES_PER_LAYER = 2 * ALL_TO_ALL_PASSES
+"""All-to-all calls of one layer in a group of > 1 ranks: QKV out and O back, forward and
+backward (the layout change rides on the same calls)."""
+SECONDS_PER_US = 1e-6
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -39,8 +49,12 @@ class CostModel:
     world_size: int
     full_layers: int
     sparse_layers: int
-    flops_per_s: float
-    """Achieved FLOP/s of one rank: peak x efficiency."""
+    full_flops_per_s: float
+    """Achieved FLOP/s of one rank in full attention: peak x that part's efficiency."""
+    sparse_flops_per_s: float
+    """Achieved FLOP/s in sliding-window attention."""
+    linear_flops_per_s: float
+    """Achieved FLOP/s in projections and active experts."""
     peak_flops_per_s: float
     heads: int
     kv_heads: int
@@ -51,10 +65,41 @@ class CostModel:
     """Projections plus active experts, per layer, per token, forward + backward."""
     intra_bytes_per_s: float
     inter_bytes_per_s: float
+    collective_latency_s: float
+    """Fixed time of one all-to-all call."""
     max_tokens_per_rank: int
 
     @classmethod
-    def from_specs(cls, cluster: ClusterSpec, model: ModelSpec) -> CostModel:
+    def from_request(cls, request: PlanRequest) -> CostModel:
+        """The cost model a request is planned with (its inline profile, else its cluster's).
+
+        A ``profile_name`` alone cannot be planned here: stored profiles live in the service,
+        which fills ``profile`` first (``solver.profile_lookup.with_named_profile``)."""
+        if request.profile is None and request.profile_name is not None:
+            raise PlanningError(
+                "profile_name",
+                f"names the stored profile {request.profile_name!r}, which only the service "
+                "resolves; give the profile inline (`profile`, or --profile FILE)",
+            )
+        return cls.from_specs(request.cluster, request.model, request.cost_profile)
+
+    @classmethod
+    def from_specs(
+        cls, cluster: ClusterSpec, model: ModelSpec, profile: Profile | None = None
+    ) -> CostModel:
+        """``profile`` replaces the cluster's peak, efficiency and bandwidths; without one the
+        cluster's apply, with one efficiency for every part and no per-collective latency."""
+        eff = cluster.compute_efficiency
+        peak = cluster.peak_tflops * FLOPS_PER_TFLOP
+        full_eff = sparse_eff = linear_eff = eff
+        intra, inter, latency_us = cluster.intra_node_gbps, cluster.inter_node_gbps, 0.0
+        if profile is not None:
+            peak = profile.peak_tflops * FLOPS_PER_TFLOP
+            full_eff = profile.efficiency_full_attention
+            sparse_eff = profile.efficiency_sparse_attention
+            linear_eff = profile.efficiency_linear
+            intra, inter = profile.intra_node_gbps, profile.inter_node_gbps
+            latency_us = profile.collective_latency_us
         attn_proj_params = (
             model.hidden * (model.heads + 2 * model.kv_heads) * model.head_dim
             + model.heads * model.head_dim * model.hidden
@@ -64,8 +109,10 @@ class CostModel:
             world_size=cluster.world_size,
             full_layers=model.full_layers,
             sparse_layers=model.sparse_layers,
-            flops_per_s=cluster.peak_tflops * FLOPS_PER_TFLOP * cluster.compute_efficiency,
-            peak_flops_per_s=cluster.peak_tflops * FLOPS_PER_TFLOP,
+            full_flops_per_s=peak * full_eff,
+            sparse_flops_per_s=peak * sparse_eff,
+            linear_flops_per_s=peak * linear_eff,
+            peak_flops_per_s=peak,
             heads=model.heads,
             kv_heads=model.kv_heads,
             head_dim=model.head_dim,
@@ -73,8 +120,9 @@ class CostModel:
             dtype_bytes=model.dtype_bytes,
             linear_flops_per_token=FWD_BWD_FLOPS_PER_MAC
             * (attn_proj_params + model.moe_active_params),
-            intra_bytes_per_s=cluster.intra_node_gbps * BYTES_PER_GB,
-            inter_bytes_per_s=cluster.inter_node_gbps * BYTES_PER_GB,
+            intra_bytes_per_s=intra * BYTES_PER_GB,
+            inter_bytes_per_s=inter * BYTES_PER_GB,
+            collective_latency_s=latency_us * SECONDS_PER_US,
             max_tokens_per_rank=cluster.max_tokens_per_rank,
         )
 
@@ -117,9 +165,13 @@ class CostModel:
         intra = bpt * (min(group, self.gpus_per_node) - 1) / group / self.intra_bytes_per_s
         return max(inter, intra)
 
+    def collective_seconds(self, group: int) -> float:
+        """Fixed latency one layer pays for its all-to-all calls in a group of ``group``."""
+        return COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
+
     @functools.cached_property
     def linear_seconds_per_token(self) -> float:
-        return self.linear_flops_per_token / self.flops_per_s
+        return self.linear_flops_per_token / self.linear_flops_per_s
 
 
 @dataclass(frozen=True)
@@ -149,8 +201,8 @@ class SampleCosts:
         )
         return cls(
             tokens=tokens,
-            full_s=full / cost.flops_per_s,
-            sparse_s=sparse / cost.flops_per_s,
+            full_s=full / cost.full_flops_per_s,
+            sparse_s=sparse / cost.sparse_flops_per_s,
             model_flops=model_flops,
         )
 
@@ -159,7 +211,7 @@ def full_layer_seconds(cost: CostModel, size: int, full_s: float, max_tokens: in
     """One full layer of a parent: attention spread over P, the busiest rank's linear work and
     its to_full + to_child all-to-all."""
     per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
-    return full_s / size + max_tokens * per_token
+    return full_s / size + max_tokens * per_token + cost.collective_seconds(size)
 
 
 def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int) -> float:
@@ -167,7 +219,7 @@ def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int
     if tokens == 0:
         return 0.0
     per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
-    return sparse_s / size + ceil_div(tokens, size) * per_token
+    return sparse_s / size + ceil_div(tokens, size) * per_token + cost.collective_seconds(size)
 
 
 def parent_seconds(

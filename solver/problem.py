@@ -22,7 +22,7 @@ class Problem:
 
     @classmethod
     def from_request(cls, request: PlanRequest) -> Problem:
-        cost = CostModel.from_specs(request.cluster, request.model)
+        cost = CostModel.from_request(request)
         costs = SampleCosts.build(cost, request.lengths)
         return cls(
             cost=cost,

@@ -20,7 +20,17 @@ from pydantic import (
     model_validator,
 )
 
-from solver.profiles import CLUSTER_PROFILES, MODEL_PROFILES
+from solver.profiles import (
+    CLUSTER_DEFAULTS,
+    CLUSTER_PROFILES,
+    MAX_TOKENS_PER_RANK_LIMIT,
+    MODEL_DEFAULTS,
+    MODEL_PROFILES,
+    Bandwidth,
+    Efficiency,
+    PositiveTflops,
+    Profile,
+)
 
 MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
@@ -35,6 +45,16 @@ Status = Literal["optimal", "feasible"]
 StoppedBy = Literal["optimal", "deadline", "work_limit", "greedy"]
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+# Plausible model sizes: each well beyond today's largest models, so that every accepted
+# request keeps the cost model's numbers finite (ranges of the cluster's physical constants
+# live beside the defaults, in solver/profiles.py).
+MAX_LAYERS = 100_000
+MAX_HIDDEN = 1 << 20
+MAX_HEADS = 1 << 12
+MAX_HEAD_DIM = 1 << 12
+MAX_WINDOW = 1 << 24
+MAX_MOE_ACTIVE_PARAMS = 1e13
 
 
 def is_power_of_two(n: int) -> bool:
@@ -63,16 +83,30 @@ class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str | None = None
-    nodes: StrictInt = Field(8, ge=1, le=4096, description="Number of nodes.")
-    gpus_per_node: StrictInt = Field(8, ge=1, le=64, description="Ranks per node (power of 2).")
-    intra_node_gbps: FiniteFloat = Field(160.0, gt=0, description="All-to-all GB/s inside a node.")
-    inter_node_gbps: FiniteFloat = Field(
-        160.0 / 7.0, gt=0, description="All-to-all GB/s across nodes."
+    nodes: StrictInt = Field(
+        CLUSTER_DEFAULTS["nodes"], ge=1, le=4096, description="Number of nodes."
     )
-    peak_tflops: FiniteFloat = Field(989.0, gt=0, description="Peak dense TFLOP/s per GPU.")
-    compute_efficiency: FiniteFloat = Field(0.55, gt=0, le=1, description="Achieved share of peak.")
+    gpus_per_node: StrictInt = Field(
+        CLUSTER_DEFAULTS["gpus_per_node"], ge=1, le=64, description="Ranks per node (power of 2)."
+    )
+    intra_node_gbps: Bandwidth = Field(
+        CLUSTER_DEFAULTS["intra_node_gbps"], description="All-to-all GB/s inside a node."
+    )
+    inter_node_gbps: Bandwidth = Field(
+        CLUSTER_DEFAULTS["inter_node_gbps"], description="All-to-all GB/s across nodes."
+    )
+    peak_tflops: PositiveTflops = Field(
+        CLUSTER_DEFAULTS["peak_tflops"], description="Peak dense TFLOP/s per GPU."
+    )
+    compute_efficiency: Efficiency = Field(
+        CLUSTER_DEFAULTS["compute_efficiency"],
+        description="Achieved share of peak (every part; a profile can set one per part).",
+    )
     max_tokens_per_rank: StrictInt = Field(
-        32768, ge=1, description="Activation memory limit in tokens per rank."
+        CLUSTER_DEFAULTS["max_tokens_per_rank"],
+        ge=1,
+        le=MAX_TOKENS_PER_RANK_LIMIT,
+        description="Activation memory limit in tokens per rank.",
     )
 
     @model_validator(mode="before")
@@ -98,22 +132,25 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     profile: str | None = None
-    layers: StrictInt = Field(48, ge=1, le=100_000)
+    layers: StrictInt = Field(MODEL_DEFAULTS["layers"], ge=1, le=MAX_LAYERS)
     pattern: str = Field(
-        "FSSS",
+        MODEL_DEFAULTS["pattern"],
         min_length=1,
         max_length=64,
         description="Repeating layer pattern: F = full attention, S = sparse (windowed).",
     )
-    hidden: StrictInt = Field(4096, ge=1)
-    heads: StrictInt = Field(32, ge=1)
-    kv_heads: StrictInt = Field(8, ge=1)
-    head_dim: StrictInt = Field(128, ge=1)
-    sparse_window: StrictInt = Field(4096, ge=1)
+    hidden: StrictInt = Field(MODEL_DEFAULTS["hidden"], ge=1, le=MAX_HIDDEN)
+    heads: StrictInt = Field(MODEL_DEFAULTS["heads"], ge=1, le=MAX_HEADS)
+    kv_heads: StrictInt = Field(MODEL_DEFAULTS["kv_heads"], ge=1, le=MAX_HEADS)
+    head_dim: StrictInt = Field(MODEL_DEFAULTS["head_dim"], ge=1, le=MAX_HEAD_DIM)
+    sparse_window: StrictInt = Field(MODEL_DEFAULTS["sparse_window"], ge=1, le=MAX_WINDOW)
     moe_active_params: FiniteFloat = Field(
-        151e6, ge=0, description="Active MoE parameters per layer per token."
+        MODEL_DEFAULTS["moe_active_params"],
+        ge=0,
+        le=MAX_MOE_ACTIVE_PARAMS,
+        description="Active MoE parameters per layer per token.",
     )
-    dtype_bytes: StrictInt = Field(2, ge=1, le=8)
+    dtype_bytes: StrictInt = Field(MODEL_DEFAULTS["dtype_bytes"], ge=1, le=8)
 
     @model_validator(mode="before")
     @classmethod
@@ -197,6 +234,18 @@ class PlanRequest(BaseModel):
     )
     deadline_ms: StrictInt | None = Field(
         None, gt=0, le=600_000, description="Wall-clock budget; default from the caller."
+    )
+    profile: Profile | None = Field(
+        None,
+        description="Cost-model constants to plan with; when given, they replace the "
+        "cluster's peak_tflops, compute_efficiency and bandwidths.",
+    )
+    profile_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="A profile stored in the service, which fills `profile` from it; the "
+        "solver alone plans only inline profiles.",
     )
 
     @field_validator("step")
@@ -287,6 +336,33 @@ class PlanRequest(BaseModel):
                 if tokens > cap:
                     raise ValueError(f"parent {j} is given {tokens} tokens, more than its {cap}")
         return v
+
+    @field_validator("profile_name")
+    @classmethod
+    def _names_agree(cls, v: str | None, info: ValidationInfo) -> str | None:
+        inline = info.data.get("profile")
+        if v is not None and inline is not None and inline.name != v:
+            raise ValueError(
+                f"names profile {v!r} but the inline profile is {inline.name!r}; give one of them"
+            )
+        return v
+
+    @property
+    def cost_profile(self) -> Profile:
+        """The constants this request is planned with: the inline profile, else the cluster's
+        own (one efficiency for every part, no per-collective latency)."""
+        if self.profile is not None:
+            return self.profile
+        c = self.cluster
+        return Profile(
+            name=c.profile or "cluster",
+            peak_tflops=c.peak_tflops,
+            efficiency_full_attention=c.compute_efficiency,
+            efficiency_sparse_attention=c.compute_efficiency,
+            efficiency_linear=c.compute_efficiency,
+            intra_node_gbps=c.intra_node_gbps,
+            inter_node_gbps=c.inter_node_gbps,
+        )
 
     @property
     def resolved_mode(self) -> Mode:

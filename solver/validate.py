@@ -212,7 +212,7 @@ def _inter_bytes(plan: Plan, cost: CostModel) -> float:
 
 def _check_metrics(request: PlanRequest, plan: Plan) -> list[str]:
     errors = []
-    cost = CostModel.from_specs(request.cluster, request.model)
+    cost = CostModel.from_request(request)
     costs = SampleCosts.build(cost, request.lengths)
     step_ms = step_seconds(request, plan, cost, costs) * 1e3
     m = plan.metrics

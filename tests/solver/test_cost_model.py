@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from itertools import islice
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -13,10 +17,16 @@ from solver.cost_model import (
     parent_seconds,
     unrepacked_parent_seconds,
 )
+from solver.layout import Child, Layout, Parent, evaluate
+from solver.plan_builder import canonical_json
 from solver.planner import plan
-from solver.schema import ClusterSpec, ModelSpec
+from solver.profiles import DEFAULT_PROFILE, Profile
+from solver.schema import ClusterSpec, ModelSpec, PlanRequest
+from solver.trace import load_trace
 from solver.validate import validate_plan
-from tests.helpers import example_plan, example_request
+from tests.helpers import ROOT, example_plan, example_request
+from tests.solver.default_profile_golden import GOLDEN
+from tests.solver.default_profile_golden import SCENARIOS as GOLDEN_SCENARIOS
 
 # A toy machine where every term is easy to do on paper: 2 nodes x 2 GPUs, 1 and 0.5 GB/s,
 # 1 TFLOP/s at 50% (5e11 FLOP/s achieved); 4 layers "FS" (2 full, 2 sparse), 2 heads,
@@ -40,6 +50,14 @@ TOY_MODEL = ModelSpec(
     sparse_window=10,
     moe_active_params=100,
     dtype_bytes=2,
+)
+TOY_PROFILE = Profile(
+    peak_tflops=1.0,
+    efficiency_full_attention=0.5,
+    efficiency_sparse_attention=0.5,
+    efficiency_linear=0.5,
+    intra_node_gbps=1.0,
+    inter_node_gbps=0.5,
 )
 
 
@@ -106,3 +124,102 @@ def test_contract_example_metrics_are_reproduced() -> None:
     baseline = plan(req.model_copy(update={"mode": "baseline"}))
     assert baseline.metrics.step_time_ms == pytest.approx(3498.056, abs=1e-3)
     assert baseline.metrics.mfu == pytest.approx(example.metrics.baseline_mfu, abs=1e-4)
+
+
+# --- profiles ----------------------------------------------------------------------------------
+
+
+def _golden_layout(entry: dict[str, Any]) -> Layout:
+    kids: dict[int, list[Child]] = {}
+    for c in entry["children"]:
+        start, end = c["ranks"]
+        kids.setdefault(c["parent"], []).append(Child(start, end - start, tuple(c["samples"])))
+    spans = entry["parents"]
+    return tuple(Parent(a, b - a, tuple(kids[j])) for j, (a, b) in enumerate(spans))
+
+
+def _golden_requests() -> dict[tuple[str, int], PlanRequest]:
+    out = {}
+    for name, steps in GOLDEN_SCENARIOS:
+        for i, req in enumerate(islice(load_trace(ROOT / "scenarios" / name), steps)):
+            out[name, i] = req
+    return out
+
+
+def test_default_profile_reproduces_recorded_replays() -> None:
+    """Layouts of scenario replays recorded before profiles existed score exactly as then, with
+    no profile and with the default profile inline (the numbers in the README stand)."""
+    requests = _golden_requests()
+    entries = json.loads(GOLDEN.read_text())
+    assert len(entries) == 30
+    for entry in entries:
+        base = requests[entry["scenario"], entry["step"]]
+        layout = _golden_layout(entry)
+        for req in (base, base.model_copy(update={"profile": DEFAULT_PROFILE})):
+            cost = CostModel.from_request(req)
+            costs = SampleCosts.build(cost, req.lengths)
+            ev = evaluate(layout, cost, costs)
+            got = {
+                "step_time_ms": float(f"{ev.step_s * 1e3:.10g}"),
+                "mfu": float(f"{mfu(cost, costs.model_flops, ev.step_s):.10g}"),
+                "inter_node_bytes": round(ev.inter_node_bytes),
+            }
+            assert got == entry["metrics"], (entry["scenario"], entry["step"], entry["mode"])
+
+
+def test_default_profile_plans_like_no_profile() -> None:
+    req = example_request()
+    inline = req.model_copy(update={"profile": DEFAULT_PROFILE})
+    plans = [json.loads(canonical_json(plan(r), drop_timing=True)) for r in (req, inline)]
+    for p in plans:
+        p.pop("plan_id")
+    assert plans[0] == plans[1]
+
+
+def test_efficiency_per_part() -> None:
+    """Each part of the model runs at its own share of peak."""
+    profile = Profile(
+        peak_tflops=1.0,
+        efficiency_full_attention=0.25,
+        efficiency_sparse_attention=0.5,
+        efficiency_linear=1.0,
+        intra_node_gbps=1.0,
+        inter_node_gbps=0.5,
+    )
+    cost = CostModel.from_specs(TOY_CLUSTER, TOY_MODEL, profile)
+    costs = SampleCosts.build(cost, [20])
+    assert costs.full_s.tolist() == pytest.approx([19200 / 2.5e11])
+    assert costs.sparse_s.tolist() == pytest.approx([14400 / 5e11])
+    assert cost.linear_seconds_per_token == pytest.approx(1752 / 1e12)
+    assert mfu(cost, 1e12, 1.0) == pytest.approx(1e12 / (4 * 1e12))  # peak, not achieved
+
+
+def test_collective_latency(toy: CostModel) -> None:
+    """Every group of more than one rank pays 4 all-to-all calls per layer (QKV out, O back,
+    forward and backward); a rank alone pays none; an empty child runs nothing."""
+    profile = TOY_PROFILE.model_copy(update={"collective_latency_us": 3.0})
+    slow = CostModel.from_specs(TOY_CLUSTER, TOY_MODEL, profile)
+    assert slow.collective_seconds(2) == pytest.approx(12e-6)
+    assert slow.collective_seconds(1) == 0.0
+    for k in (1, 2):
+        want = child_layer_seconds(toy, k, 1e-6, 7) + slow.collective_seconds(k)
+        assert child_layer_seconds(slow, k, 1e-6, 7) == pytest.approx(want, rel=1e-12)
+    assert child_layer_seconds(slow, 2, 0.0, 0) == 0.0
+    children = [(2, 14400 / 5e11, 20), (1, 1200 / 5e11, 5)]
+    # full layers: 2 x 12 us for the parent's all-to-all; sparse: the child of 2 is the slowest
+    # and pays its 12 us, so 2 x 12 us more there too
+    want = parent_seconds(toy, 4, 2e-8, children) + 4 * 12e-6
+    assert parent_seconds(slow, 4, 2e-8, children) == pytest.approx(want, rel=1e-12)
+
+
+def test_plan_with_latency_profile_validates() -> None:
+    """The planner and the validator score a plan with the request's profile."""
+    req = example_request()
+    slow = req.model_copy(
+        update={"profile": DEFAULT_PROFILE.model_copy(update={"collective_latency_us": 50.0})}
+    )
+    fast, latent = plan(req), plan(slow)
+    assert validate_plan(slow, latent) == []
+    assert latent.metrics.step_time_ms > fast.metrics.step_time_ms
+    assert latent.metrics.lower_bound_ms is not None
+    assert latent.metrics.lower_bound_ms <= latent.metrics.step_time_ms

@@ -8,6 +8,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from solver.cost_model import CostModel
+from solver.errors import PlanningError
+from solver.profile_lookup import UnknownProfileError, with_named_profile
+from solver.profiles import CLUSTER_DEFAULTS, DEFAULT_PROFILE, MODEL_DEFAULTS, Profile
 from solver.schema import MAX_SAMPLES, ClusterSpec, ModelSpec, PlanRequest
 
 
@@ -125,8 +129,8 @@ def test_parent_of_needs_parent_sizes_and_memory() -> None:
     [
         ({"nodes": 0}, "cluster.nodes", "greater than or equal to 1"),
         ({"gpus_per_node": 6}, "cluster.gpus_per_node", "power of two"),
-        ({"inter_node_gbps": 0}, "cluster.inter_node_gbps", "greater than 0"),
-        ({"intra_node_gbps": -1.5}, "cluster.intra_node_gbps", "greater than 0"),
+        ({"inter_node_gbps": 0}, "cluster.inter_node_gbps", "greater than or equal to 0.01"),
+        ({"intra_node_gbps": -1.5}, "cluster.intra_node_gbps", "greater than or equal to 0.01"),
         ({"compute_efficiency": 1.5}, "cluster.compute_efficiency", "less than or equal to 1"),
     ],
 )
@@ -158,3 +162,49 @@ def test_pattern_letters() -> None:
     with pytest.raises(ValidationError, match="only 'F' and 'S'"):
         ModelSpec(pattern="FSX")
     assert ModelSpec(layers=10, pattern="FSSS").full_layers == 3
+
+
+def test_inline_profile_and_profile_name() -> None:
+    profile = {"name": "lab-a", "efficiency_full_attention": 0.4, "collective_latency_us": 20}
+    req = PlanRequest.model_validate({"lengths": [5], "profile": profile})
+    assert req.cost_profile.efficiency_full_attention == 0.4
+    assert req.cost_profile.efficiency_linear == DEFAULT_PROFILE.efficiency_linear
+    both = PlanRequest.model_validate({"lengths": [5], "profile": profile, "profile_name": "lab-a"})
+    assert both.profile_name == "lab-a"
+    data = {"lengths": [5], "profile": profile, "profile_name": "lab-b"}
+    assert_error(data, "profile_name", "names profile 'lab-b' but the inline profile is 'lab-a'")
+    assert_error({"lengths": [5], "profile": {"colour": 1}}, "profile.colour", "Extra inputs")
+    assert_error({"lengths": [5], "profile": {"name": "a b"}}, "profile.name", "pattern")
+
+
+def test_cost_profile_without_inline_profile_is_the_clusters() -> None:
+    req = PlanRequest.model_validate(
+        {"cluster": {"compute_efficiency": 0.3, "intra_node_gbps": 100}, "lengths": [5]}
+    )
+    p = req.cost_profile
+    assert (p.efficiency_full_attention, p.efficiency_sparse_attention) == (0.3, 0.3)
+    assert (p.efficiency_linear, p.intra_node_gbps, p.collective_latency_us) == (0.3, 100, 0)
+
+
+def test_schema_defaults_come_from_the_profiles_module() -> None:
+    """One source for every default: the schema's field defaults are the profiles' values."""
+    assert ClusterSpec().model_dump(exclude={"profile"}) == CLUSTER_DEFAULTS
+    assert ModelSpec().model_dump(exclude={"profile"}) == MODEL_DEFAULTS
+    assert CLUSTER_DEFAULTS["peak_tflops"] == DEFAULT_PROFILE.peak_tflops
+    assert PlanRequest(lengths=[1]).cost_profile.model_dump(exclude={"name"}) == (
+        DEFAULT_PROFILE.model_dump(exclude={"name"})
+    )
+
+
+def test_named_profile_hook() -> None:
+    stored = Profile(name="lab-a", version=3, inter_node_gbps=40.0)
+    req = PlanRequest.model_validate({"lengths": [5], "profile_name": "lab-a"})
+    with pytest.raises(PlanningError, match="profile_name: names the stored profile 'lab-a'"):
+        CostModel.from_request(req)
+    resolved = with_named_profile(req, {"lab-a": stored}.get)
+    assert resolved.profile == stored and resolved.profile_name == "lab-a"
+    assert CostModel.from_request(resolved).inter_bytes_per_s == 40e9
+    with pytest.raises(UnknownProfileError, match="no stored profile is named 'lab-b'"):
+        with_named_profile(req.model_copy(update={"profile_name": "lab-b"}), {}.get)
+    plain = PlanRequest.model_validate({"lengths": [5]})
+    assert with_named_profile(plain, {}.get) is plain
