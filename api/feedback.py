@@ -31,6 +31,8 @@ from solver.profile_feedback import (
     refit_due,
     with_constants,
 )
+from solver.profile_lookup import ProfileLookup, with_named_profile
+from solver.profiles import Profile
 from solver.schema import Plan, PlanRequest
 
 logger = logging.getLogger(__name__)
@@ -145,13 +147,28 @@ def feedback_view(profiles: ProfileStore, job_id: str) -> dict[str, Any]:
     }
 
 
+def _lookup(profiles: ProfileStore) -> ProfileLookup:
+    def lookup(name: str) -> Profile | None:
+        stored = profiles.get_profile(name)
+        if stored is None:
+            return None
+        return Profile.model_validate({**stored.body, "name": name, "version": stored.version})
+
+    return lookup
+
+
+def _resolve(profiles: ProfileStore, request: PlanRequest) -> tuple[PlanRequest, int | None]:
+    return resolve_for_job(profiles, with_named_profile(request, _lookup(profiles)))
+
+
 async def resolve_request(
     profiles: ProfileStore, request: PlanRequest
 ) -> tuple[PlanRequest, int | None]:
-    """The request as it will be planned: the job's fitted profile version when it opted in."""
-    if request.job_id is None or request.step is None:
+    """The request as it will be planned: a named stored profile filled in (its newest
+    version), then the job's fitted profile version when the job opted in (and that version)."""
+    if request.profile_name is None and (request.job_id is None or request.step is None):
         return request, None
-    return await run_in_threadpool(resolve_for_job, profiles, request)
+    return await run_in_threadpool(_resolve, profiles, request)
 
 
 async def record_planned(

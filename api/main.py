@@ -18,6 +18,7 @@ from api.problems import install_problem_handlers
 from api.profile_store import ProfileStore
 from api.routers import dashboard, health, jobs, plans
 from api.routers import measurements as measurements_router
+from api.routers import profiles as profiles_router
 from api.settings import Settings, get_settings
 from api.solver_pool import SolverPool
 from api.storage import PlanStore
@@ -72,5 +73,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (plans, jobs, health, dashboard):
         app.include_router(module.router)
     app.include_router(measurements_router.router)
+    app.include_router(profiles_router.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

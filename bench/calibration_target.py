@@ -32,7 +32,7 @@ from runtime_client.toy_model import RepackAttention, ToyConfig, ToyModel, synth
 from solver.calibration_profile import fit_profile
 from solver.cost_model import CostModel
 from solver.planner import plan as solve
-from solver.profile_requests import priced_request
+from solver.profiles import Profile
 from solver.schema import PlanRequest
 
 TOY_SIZES = {
@@ -86,7 +86,8 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
                 "mode": args.mode,
             }
         )
-        plan = solve(priced_request(request, profile), deadline_ms=10_000, use_cpsat=False)
+        priced = request.model_copy(update={"profile": Profile.model_validate(profile)})
+        plan = solve(priced, deadline_ms=10_000, use_cpsat=False)
         layout = LocalLayout.from_plan(plan, rank)
         tokens_T, labels_T = synthetic_batch(plan_lengths(plan), config.model.vocab, seed=step)
         backend = TimedAttention(RepackAttention(RepackComm(layout, groups)), timer)

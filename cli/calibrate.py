@@ -13,11 +13,13 @@ import json
 import os
 from typing import Any
 
+from pydantic import ValidationError
+
 from cli.errors import InputError
 from cli.options import positive_int
 from cli.output import format_table, write_atomic
 from solver.calibration_fit import CalibrationFitError
-from solver.calibration_profile import LINKS, PARTS, FittedProfile, fit_profile
+from solver.calibration_profile import LINKS, PARTS, FittedProfile, fit_profile, fitted_profile
 from solver.cost_model import CostModel
 from solver.schema import ClusterSpec, ModelSpec
 
@@ -162,15 +164,12 @@ def fit_report(fitted: FittedProfile) -> str:
 
 
 def profile_document(name: str, fitted: FittedProfile) -> dict[str, Any]:
-    """The profile file: the cost model's constants (contract field names) plus the fit."""
-    return {
-        "name": name,
-        "peak_tflops": fitted.peak_tflops,
-        "efficiency_full_attention": fitted.part_efficiency["full_attention"],
-        "efficiency_sparse_attention": fitted.part_efficiency["sparse_attention"],
-        "efficiency_linear": fitted.part_efficiency["linear"],
-        "intra_node_gbps": fitted.intra_node_gbps,
-        "inter_node_gbps": fitted.inter_node_gbps,
-        "collective_latency_us": fitted.collective_latency_s * 1e6,
-        "compute_efficiency": fitted.compute_efficiency,
-    }
+    """The profile file: the contract's ``Profile`` (what ``--profile FILE`` and
+    ``PUT /v1/profiles/{name}`` take)."""
+    try:
+        return fitted_profile(name, fitted).model_dump(exclude={"version"})
+    except ValidationError as exc:
+        raise InputError(
+            f"the fitted constants are not a valid profile: {exc.errors()[0]['msg']} "
+            f"({exc.errors()[0]['loc'][0]})"
+        ) from exc

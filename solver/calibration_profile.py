@@ -20,6 +20,7 @@ import numpy as np
 
 from solver.calibration_fit import CalibrationFitError, RateFit, fit_rate
 from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
+from solver.profiles import EFFICIENCY_RANGE, Profile
 
 PARTS = ("full_attention", "sparse_attention", "linear")
 LINKS = ("intra", "inter")
@@ -80,6 +81,20 @@ class FittedProfile:
     """Per term (``full_attention``, ..., ``intra``, ``inter``) its fit and errors."""
 
 
+def fitted_profile(name: str, fitted: FittedProfile) -> Profile:
+    """The contract's ``Profile`` of a fit (raises ``ValidationError`` out of range)."""
+    return Profile(
+        name=name,
+        peak_tflops=fitted.peak_tflops,
+        efficiency_full_attention=fitted.part_efficiency["full_attention"],
+        efficiency_sparse_attention=fitted.part_efficiency["sparse_attention"],
+        efficiency_linear=fitted.part_efficiency["linear"],
+        intra_node_gbps=fitted.intra_node_gbps,
+        inter_node_gbps=fitted.inter_node_gbps,
+        collective_latency_us=fitted.collective_latency_s * 1e6,
+    )
+
+
 def part_flops(cost: CostModel, part: str, length: int) -> float:
     """Forward + backward FLOPs of one layer's ``part`` on one sample, per the cost model."""
     n = np.array([float(length)])
@@ -107,7 +122,10 @@ def fit_profile(
         fits[part] = fit_rate(flops, [p.seconds for p in pts], intercept=False)
     peak = peak_tflops * FLOPS_PER_TFLOP
     best = max(f.rate for f in fits.values())
-    if best > peak:  # a measured part beat the stated peak: the peak was wrong
+    worst = min(f.rate for f in fits.values())
+    if best > peak or worst / peak <= EFFICIENCY_RANGE[0]:
+        # A part beat the stated peak (the peak was wrong), or one runs below a profile's
+        # smallest efficiency (a toy model on a CPU core): efficiencies relative to the best part.
         peak = best
     total_flops = sum(part_flops(cost, p.part, p.length) for p in compute)
     total_s = sum(part_flops(cost, p.part, p.length) / fits[p.part].rate for p in compute)
@@ -119,13 +137,13 @@ def fit_profile(
         raise CalibrationFitError("Expected >= 2 intra-node all-to-all measurements.")
     intra = fits["intra"]
     inter = fits.get("inter", intra)  # one node: nothing to measure, links alike
-    latencies = [f.intercept_s for k, f in fits.items() if k in LINKS]
+    latencies = [fits[k].intercept_s for k in LINKS if k in fits]
     return FittedProfile(
         peak_tflops=peak / FLOPS_PER_TFLOP,
         part_efficiency={p: fits[p].rate / peak for p in PARTS},
         compute_efficiency=min(1.0, total_flops / float(total_s) / peak),
-        intra_node_gbps=intra.rate / BYTES_PER_GB,
-        inter_node_gbps=inter.rate / BYTES_PER_GB,
+        intra_node_gbps=float(intra.rate / BYTES_PER_GB),
+        inter_node_gbps=float(inter.rate / BYTES_PER_GB),
         collective_latency_s=float(np.mean(latencies)),
         fits=fits,
     )

@@ -13,20 +13,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from solver.calibration_fit import CalibrationFitError, MultiplierFit, bounded, robust_multipliers
 from solver.cost_model import CostModel
+from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, Profile
 from solver.schema import Plan, PlanRequest
 from solver.step_terms import TERMS, step_terms
 
 FIXED_POINT_ROUNDS = 6
 
-CONSTANT_OF_TERM = {
-    "compute": "compute_efficiency",
-    "intra": "intra_node_gbps",
-    "inter": "inter_node_gbps",
+CONSTANTS_OF_TERM = {
+    "compute": ("efficiency_full_attention", "efficiency_sparse_attention", "efficiency_linear"),
+    "intra": ("intra_node_gbps",),
+    "inter": ("inter_node_gbps",),
 }
-"""The profile constant each term's multiplier divides (time = work / rate)."""
+"""The profile constants each term's multiplier divides (time = work / rate). One compute
+multiplier scales all three efficiencies: step times cannot tell the parts apart reliably. The
+per-collective latency stays as calibrated (``repack calibrate`` measures it directly)."""
+FITTED = tuple(name for names in CONSTANTS_OF_TERM.values() for name in names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,15 +85,16 @@ class Refit:
 
 
 def constants_of(request: PlanRequest) -> dict[str, float]:
-    c = request.cluster
-    return {name: float(getattr(c, name)) for name in CONSTANT_OF_TERM.values()}
+    """The constants a refit moves, from the profile the request is planned with."""
+    profile = request.cost_profile
+    return {name: float(getattr(profile, name)) for name in FITTED}
 
 
-def with_constants(request: PlanRequest, constants: dict[str, float]) -> PlanRequest:
-    """The request re-priced with other constants (layout-independent fields only)."""
-    efficiency = min(constants["compute_efficiency"], 1.0)
-    cluster = request.cluster.model_copy(update={**constants, "compute_efficiency": efficiency})
-    return request.model_copy(update={"cluster": cluster})
+def with_constants(request: PlanRequest, constants: dict[str, Any]) -> PlanRequest:
+    """The request planned with its profile's constants replaced by ``constants`` (any
+    ``Profile`` fields; the name and everything else are kept)."""
+    profile = Profile.model_validate({**request.cost_profile.model_dump(), **constants})
+    return request.model_copy(update={"profile": profile})  # the name (if any) is kept
 
 
 def _fit_under(obs: Sequence[Observation], constants: dict[str, float]) -> MultiplierFit:
@@ -96,15 +102,15 @@ def _fit_under(obs: Sequence[Observation], constants: dict[str, float]) -> Multi
     measured: list[float] = []
     for o in obs:
         priced = with_constants(o.request, constants)
-        cost = CostModel.from_specs(priced.cluster, priced.model)
-        terms = step_terms(priced, o.plan, cost)
+        terms = step_terms(priced, o.plan, CostModel.from_request(priced))
         rows.append(terms.as_dict())
         measured.append(o.measured_s)
         if o.all_to_all_s is not None and o.all_to_all_s > 0 and terms.intra + terms.inter > 0:
-            rows.append({"compute": 0.0, "intra": terms.intra, "inter": terms.inter})
+            comm = {"compute": 0.0, "intra": terms.intra, "inter": terms.inter}
+            rows.append({**comm, "latency": terms.latency})
             measured.append(o.all_to_all_s)
     absent = [t for t in TERMS if all(r[t] == 0.0 for r in rows)]
-    return robust_multipliers(rows, measured, fixed=absent)
+    return robust_multipliers(rows, measured, fixed=[*absent, "latency"])
 
 
 def refit(
@@ -122,22 +128,27 @@ def refit(
     for _ in range(FIXED_POINT_ROUNDS):
         fit = _fit_under(obs, estimate)
         first = first or fit
-        for term, m in fit.multipliers.items():
+        for term, names in CONSTANTS_OF_TERM.items():
+            m = fit.multipliers.get(term, 1.0)
             if m <= 0:
                 raise CalibrationFitError(f"the {term} term got a non-positive multiplier {m:.3g}")
-            estimate[CONSTANT_OF_TERM[term]] /= m
+            for name in names:
+                estimate[name] = _in_range(name, estimate[name] / m)
         if all(abs(m - 1.0) < 1e-4 for m in fit.multipliers.values()):
             break
     assert first is not None
     factors = {
-        term: bounded(estimate[name] / constants[name], config.max_change)
-        for term, name in CONSTANT_OF_TERM.items()
+        term: bounded(estimate[names[0]] / constants[names[0]], config.max_change)
+        for term, names in CONSTANTS_OF_TERM.items()
     }
-    new = {CONSTANT_OF_TERM[t]: constants[CONSTANT_OF_TERM[t]] * f for t, f in factors.items()}
+    new = {
+        name: _in_range(name, constants[name] * factors[term])
+        for term, names in CONSTANTS_OF_TERM.items()
+        for name in names
+    }
     notes = []
-    if new["compute_efficiency"] > 1.0:
-        notes.append("compute efficiency capped at 1.0: raise peak_tflops in the profile")
-        new["compute_efficiency"] = 1.0
+    if any(new[n] >= EFFICIENCY_RANGE[1] for n in CONSTANTS_OF_TERM["compute"]):
+        notes.append("an efficiency reached 1.0: raise peak_tflops in the profile")
     after = _fit_under(obs, new)
     return Refit(
         constants=new,
@@ -148,6 +159,13 @@ def refit(
         outliers=first.outliers,
         notes=notes,
     )
+
+
+def _in_range(name: str, value: float) -> float:
+    """Clip a constant into the profile's valid range (an efficiency above 1 means the stated
+    peak is too low; the refit reports it instead of writing an invalid profile)."""
+    low, high = EFFICIENCY_RANGE if name.startswith("efficiency") else BANDWIDTH_GBPS_RANGE
+    return min(max(value, low * 1.000001), high)
 
 
 def _median_abs(values: Sequence[float]) -> float:

@@ -1,11 +1,11 @@
-"""A plan's predicted step time split by cost-model term: compute, intra-node, inter-node.
+"""A plan's predicted step time split by cost-model term: compute, intra-/inter-node, latency.
 
 The cost model prices a step as its slowest parent; inside that parent every layer's time is a
 sum of compute seconds (attention and linear/MoE FLOPs over the achieved rate) and all-to-all
 seconds, each all-to-all priced by whichever link (intra- or inter-node) is slower for its group.
 Given the plan's layout that sum is linear in ``1 / rate`` and ``1 / bandwidth``: this is what
 lets measured step times be regressed on the terms (``solver.profile_feedback``) and what the
-dashboard's "dominating term" shows.
+dashboard's "dominating term" shows. The fixed latency per collective is its own term.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from solver.cost_model import CostModel, SampleCosts, ceil_div
 from solver.schema import Plan, PlanRequest
 
-TERMS = ("compute", "intra", "inter")
+TERMS = ("compute", "intra", "inter", "latency")
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,11 @@ class StepTerms:
     compute: float
     intra: float
     inter: float
+    latency: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.intra + self.inter
+        return self.compute + self.intra + self.inter + self.latency
 
     @property
     def dominating(self) -> str:
@@ -51,7 +52,8 @@ def _a2a_terms(cost: CostModel, group: int, tokens: int) -> tuple[float, float]:
 
 def _layer(cost: CostModel, size: int, attn_s: float, tokens: int) -> StepTerms:
     intra, inter = _a2a_terms(cost, size, tokens)
-    return StepTerms(attn_s / size + tokens * cost.linear_seconds_per_token, intra, inter)
+    compute = attn_s / size + tokens * cost.linear_seconds_per_token
+    return StepTerms(compute, intra, inter, cost.collective_seconds(size))
 
 
 def parent_terms(
@@ -60,7 +62,7 @@ def parent_terms(
     """Terms of one parent; ``children`` are ``(size, sparse_s, tokens)`` as in the cost model."""
     max_tokens = max((ceil_div(t, k) for k, _, t in children), default=0)
     full = _layer(cost, size, full_s, max_tokens)
-    sparse = StepTerms(0.0, 0.0, 0.0)
+    sparse = StepTerms(0.0, 0.0, 0.0, 0.0)
     for k, s, t in children:
         if t == 0:
             continue
@@ -72,16 +74,17 @@ def parent_terms(
         f * full.compute + n * sparse.compute,
         f * full.intra + n * sparse.intra,
         f * full.inter + n * sparse.inter,
+        f * full.latency + n * sparse.latency,
     )
 
 
 def step_terms(request: PlanRequest, plan: Plan, cost: CostModel | None = None) -> StepTerms:
-    """Terms of the plan's slowest parent under ``cost`` (default: the request's own profile).
+    """Terms of the plan's slowest parent under ``cost`` (default: the request's profile).
 
     ``total`` equals the cost model's step time of the plan (``validate.step_seconds``)."""
-    cost = cost or CostModel.from_specs(request.cluster, request.model)
+    cost = cost or CostModel.from_request(request)
     costs = SampleCosts.build(cost, request.lengths)
-    worst = StepTerms(0.0, 0.0, 0.0)
+    worst = StepTerms(0.0, 0.0, 0.0, 0.0)
     for p in plan.parents:
         kids = [
             (

@@ -108,7 +108,7 @@ def test_opted_in_job_refits_its_profile_and_plans_with_it(client: httpx.Client)
         assert planned.status_code == 200, planned.text
         plan_ = Plan.model_validate_json(planned.content)
         true_req = with_constants(PlanRequest.model_validate(_request(step)), truth)
-        cost = CostModel.from_specs(true_req.cluster, true_req.model)
+        cost = CostModel.from_request(true_req)
         t = step_seconds(true_req, plan_, cost, SampleCosts.build(cost, true_req.lengths))
         terms = step_terms(true_req, plan_, cost)
         e = 1 + 0.05 * noise.standard_normal(2)

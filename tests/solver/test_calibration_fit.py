@@ -106,7 +106,7 @@ def _requests(steps: int, seed: int) -> list[PlanRequest]:
 def test_step_terms_sum_to_the_cost_model_step_time() -> None:
     for req in _requests(4, seed=3):
         p = plan(req, deadline_ms=2000)
-        cost = CostModel.from_specs(req.cluster, req.model)
+        cost = CostModel.from_request(req)
         terms = step_terms(req, p)
         expected = step_seconds(req, p, cost, SampleCosts.build(cost, req.lengths))
         assert terms.total == pytest.approx(expected, rel=1e-12)
@@ -130,7 +130,7 @@ def test_refit_recovers_halved_bandwidth_within_ten_percent_after_twenty_steps()
     for req in requests:
         p = plan(with_constants(req, current), deadline_ms=2000)  # planned with what we know
         true_req = with_constants(req, truth)
-        cost = CostModel.from_specs(true_req.cluster, true_req.model)
+        cost = CostModel.from_request(true_req)
         true_s = step_seconds(true_req, p, cost, SampleCosts.build(cost, req.lengths))
         terms = step_terms(true_req, p, cost)
         noise = 1 + 0.05 * rng.standard_normal(2)
