@@ -30,10 +30,12 @@ from runtime_client.local_layout import LocalLayout, plan_lengths
 from runtime_client.step_timer import StepTimer, TimedAttention
 from runtime_client.toy_model import RepackAttention, ToyConfig, ToyModel, synthetic_batch
 from solver.calibration_profile import fit_profile
-from solver.cost_model import CostModel
+from solver.cost_model import CostModel, SampleCosts
 from solver.planner import plan as solve
+from solver.profile_feedback import FeedbackConfig, Observation, constants_of, refit, with_constants
 from solver.profiles import Profile
-from solver.schema import PlanRequest
+from solver.schema import Plan, PlanRequest
+from solver.validate import step_seconds
 
 TOY_SIZES = {
     "small": ToyConfig(),
@@ -104,8 +106,34 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         optimizer.step()
         m = timer.finish(plan.plan_id)
         rows.append({"step": step, "predicted_ms": plan.metrics.step_time_ms, **m.model_dump()})
+        rows[-1]["request"], rows[-1]["plan"] = priced.model_dump_json(), plan.model_dump_json()
         rows[-1]["layers_sum_ms"] = m.layers.full_ms + m.layers.sparse_ms if m.layers else None
     return {"profile": profile, "report": fit_report(fitted), "rows": rows}
+
+
+def refit_and_rescore(
+    train: list[dict[str, Any]], held_out: list[dict[str, Any]], key: str
+) -> tuple[list[float], dict[str, float]]:
+    """Fit the profile from measured steps (``key`` as the step time), then predict the
+    held-out steps' plans with it (the layouts they ran with)."""
+    obs = [
+        Observation(
+            PlanRequest.model_validate_json(r["request"]),
+            Plan.model_validate_json(r["plan"]),
+            r[key] / 1e3,
+            r["all_to_all_ms"] / 1e3,
+        )
+        for r in train
+    ]
+    config = FeedbackConfig(min_steps=2, max_change=1e6, window=len(obs))
+    fit = refit(obs, constants_of(obs[0].request), config)
+    out = []
+    for r in held_out:
+        req = with_constants(PlanRequest.model_validate_json(r["request"]), fit.constants)
+        cost = CostModel.from_request(req)
+        p = Plan.model_validate_json(r["plan"])
+        out.append(step_seconds(req, p, cost, SampleCosts.build(cost, req.lengths)) * 1e3)
+    return out, fit.constants
 
 
 def distribution(errors: list[float]) -> str:
@@ -131,6 +159,7 @@ def main() -> None:
     p.add_argument("--payload-tokens", type=int, nargs="+", default=[16, 256, 1024, 4096])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None, help="write per-step rows here")
+    p.add_argument("--refit-steps", type=int, default=10, help="steps the online refit uses")
     args = p.parse_args()
     t0 = time.time()
     out = run_local_ranks(_rank, args.ranks, args, timeout_s=3600)[0]
@@ -140,8 +169,17 @@ def main() -> None:
         f"{len(out['rows'])} steps, {args.ranks} ranks ({args.gpus_per_node} per node), "
         f"{time.time() - t0:.0f} s"
     )
+    rows = out["rows"]
     for label, key in (("whole step", "step_time_ms"), ("layers fwd+bwd", "layers_sum_ms")):
-        print(label + ": " + distribution([r["predicted_ms"] / r[key] - 1 for r in out["rows"]]))
+        print(label + ": " + distribution([r["predicted_ms"] / r[key] - 1 for r in rows]))
+        k = args.refit_steps
+        if 2 <= k < len(rows):
+            rescored, fit = refit_and_rescore(rows[:k], rows[k:], key)
+            print(
+                f"  after a refit on steps 0-{k - 1} (held-out steps {k}-{len(rows) - 1}): "
+                + distribution([p / r[key] - 1 for p, r in zip(rescored, rows[k:], strict=True)])
+            )
+            print("  refit constants: " + ", ".join(f"{n} {v:.4g}" for n, v in fit.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

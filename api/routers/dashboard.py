@@ -18,6 +18,8 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import SettingsDep, StoreDep
+from api.feedback import feedback_view
+from api.measurement_view import compare_steps
 from api.problems import ProblemError
 from api.routers.jobs import Step
 
@@ -72,4 +74,20 @@ async def plan_page(request: Request, plan_id: PlanId, store: StoreDep) -> HTMLR
     }
     return templates.TemplateResponse(
         request, "plan.html", {"plan_id": plan_id, "row": row, "data": data}
+    )
+
+
+@router.get("/dashboard/jobs/{job_id}/measured", response_class=HTMLResponse)
+async def measured_page(request: Request, job_id: JobId, store: StoreDep) -> HTMLResponse:
+    """Predicted vs measured step times, error distribution, terms and fitted constants."""
+    profiles = request.app.state.profiles
+    steps = await run_in_threadpool(compare_steps, profiles, store, job_id, MAX_PLOTTED_STEPS, None)
+    if not steps:
+        raise ProblemError(404, "job-not-found", f"no measurements for job {job_id!r}")
+    feedback = await run_in_threadpool(feedback_view, profiles, job_id)
+    data = {"steps": steps, "feedback": feedback}
+    return templates.TemplateResponse(
+        request,
+        "measured.html",
+        {"job_id": job_id, "steps": steps, "feedback": feedback, "data": data},
     )
