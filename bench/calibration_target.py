@@ -61,6 +61,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         lengths=tuple(args.lengths),
         payload_tokens=tuple(args.payload_tokens),
         repeats=args.repeats,
+        statistic=args.statistic,
     )
     measured = run_calibration(config)
     cluster, model = toy_model_spec(config, world)
@@ -93,18 +94,21 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         layout = LocalLayout.from_plan(plan, rank)
         tokens_T, labels_T = synthetic_batch(plan_lengths(plan), config.model.vocab, seed=step)
         backend = TimedAttention(RepackAttention(RepackComm(layout, groups)), timer)
-        dist.barrier()
-        timer.start()
-        logits = toy(tokens_T[layout.global_index_N], layout.position_ids_N, backend)
-        loss = F.cross_entropy(logits, labels_T[layout.global_index_N], reduction="sum")
-        optimizer.zero_grad()
-        loss.backward()
-        grads = [p.grad for p in toy.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one bucket, as DDP would
-        dist.all_reduce(flat)
-        torch._utils._unflatten_dense_tensors(flat, grads)
+        runs = []
+        for _ in range(args.step_repeats):  # the same step again: keep its least disturbed run
+            dist.barrier()
+            timer.start()
+            logits = toy(tokens_T[layout.global_index_N], layout.position_ids_N, backend)
+            loss = F.cross_entropy(logits, labels_T[layout.global_index_N], reduction="sum")
+            optimizer.zero_grad()
+            loss.backward()
+            grads = [p.grad for p in toy.parameters() if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])  # one bucket, as DDP would
+            dist.all_reduce(flat)
+            torch._utils._unflatten_dense_tensors(flat, grads)
+            runs.append(timer.finish(plan.plan_id))
         optimizer.step()
-        m = timer.finish(plan.plan_id)
+        m = min(runs, key=lambda r: r.step_time_ms)
         rows.append({"step": step, "predicted_ms": plan.metrics.step_time_ms, **m.model_dump()})
         rows[-1]["request"], rows[-1]["plan"] = priced.model_dump_json(), plan.model_dump_json()
         rows[-1]["layers_sum_ms"] = m.layers.full_ms + m.layers.sparse_ms if m.layers else None
@@ -159,6 +163,8 @@ def main() -> None:
     p.add_argument("--payload-tokens", type=int, nargs="+", default=[16, 256, 1024, 4096])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None, help="write per-step rows here")
+    p.add_argument("--step-repeats", type=int, default=1, help="runs per step (min kept)")
+    p.add_argument("--statistic", choices=["median", "min"], default="median")
     p.add_argument("--refit-steps", type=int, default=10, help="steps the online refit uses")
     args = p.parse_args()
     t0 = time.time()
