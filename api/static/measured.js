@@ -44,9 +44,10 @@ const RepackMeasured = (() => {
       customdata: versions.map((v) => v.constants[name]),
       hovertemplate: name + " = %{customdata:.4g} (x%{y:.3f} of version 1)<extra></extra>",
     }));
-    Plotly.newPlot("plot-constants", lines,
-      layout("Fitted profile constants over time (relative to version 1)", "first step planned with it", "× version 1"),
-      config);
+    const constants = layout("Fitted profile constants (relative to version 1)", "first step planned with it", "× version 1");
+    constants.legend = { orientation: "h", y: -0.3, x: 0 };
+    constants.margin.b = 96;
+    Plotly.newPlot("plot-constants", lines, constants, config);
   }
 
   return { page };
