@@ -33,15 +33,16 @@ def compare_steps(
             "profile_version": None,
         }
         req = requests.get(m.step)
-        stored = None if req is None else plans.get(req.plan_id)
-        if req is not None and stored is not None:
-            request = PlanRequest.model_validate_json(req.request)
-            plan = Plan.model_validate_json(stored.body)
-            terms = step_terms(request, plan)
-            predicted = plan.metrics.step_time_ms
+        stored = plans.get(f"{job_id}-{m.step}" if req is None else req.plan_id)
+        if stored is None:
+            out.append(entry)
+            continue
+        plan = Plan.model_validate_json(stored.body)
+        predicted = plan.metrics.step_time_ms
+        entry.update(predicted_ms=predicted, error=predicted / m.step_time_ms - 1.0)
+        if req is not None:  # the request is known: split the prediction by term
+            terms = step_terms(PlanRequest.model_validate_json(req.request), plan)
             entry.update(
-                predicted_ms=predicted,
-                error=predicted / m.step_time_ms - 1.0,
                 terms_ms={k: v * 1e3 for k, v in terms.as_dict().items()},
                 dominating=terms.dominating,
                 profile_version=req.profile_version,

@@ -100,11 +100,8 @@ async def post_measurement(
     if created:
         fitted = await run_in_threadpool(maybe_refit, profiles, plans_store, job_id)
         version = None if fitted is None else fitted.version
-    rows = await run_in_threadpool(profiles.step_requests, job_id, [step])
-    predicted = None
-    if step in rows:
-        row = await run_in_threadpool(plans_store.get_row, rows[step].plan_id)
-        predicted = None if row is None else row.step_time_ms
+    row = await run_in_threadpool(plans_store.get_row, f"{job_id}-{step}")  # the step's plan
+    predicted = None if row is None else row.step_time_ms
     answer = MeasurementAnswer(
         job_id=job_id, step=step, measurement=body, predicted_ms=predicted, profile_version=version
     )

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.background import BackgroundTask
 
 from api.deps import ServiceDep
 from api.feedback import record_planned, resolve_request
@@ -38,9 +39,12 @@ async def create_plan(body: PlanRequest, service: ServiceDep, http: Request) -> 
     profiles = http.app.state.profiles
     body, profile_version = await resolve_request(profiles, body)  # opted-in job: refitted profile
     answer = await service.plan(body)
-    await record_planned(profiles, body, answer.source, profile_version)
     return Response(
-        answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
+        answer.body,
+        media_type="application/json",
+        headers={SOURCE_HEADER: answer.source},
+        # After the answer is sent: what a refit re-prices (off the plan's latency path).
+        background=BackgroundTask(record_planned, profiles, body, answer.source, profile_version),
     )
 
 
