@@ -1,11 +1,15 @@
-"""`repack bench [--sizes GPUS:SAMPLES ...] [--repeats N] [--profile FILE] [--json]`: latency.
+"""`repack bench [--sizes GPUS:SAMPLES ...] [--deadlines MS,...] [--profile FILE] [--json]`.
 
 For each problem size, ``--repeats`` generated steps (the default length distribution of
 ``solver.trace``, with the token budget set so that a step holds about SAMPLES samples) are
 planned one after another in this process, by the whole planner (``full``: greedy + CP-SAT)
 and by its greedy stages only (``greedy``, ``plan(..., use_cpsat=False)``); the table gives the
-wall-clock latency of ``plan()`` (p50/p95/p99), the median gap to the lower bound and how often
-the deadline fired.
+wall-clock latency of ``plan()`` (p50/p95/p99), the median gap to the lower bound, the mean
+predicted step time vs the baseline, and how often the wall-clock deadline fired.
+
+``--deadlines 50,200,1000`` runs every size once per deadline (written into each request, so
+that it sets the deterministic work budget as well as the safety net) and adds the quality vs
+deadline: each step's predicted step time relative to the same step at the longest deadline.
 Latencies are measurements of this machine, printed, never asserted.
 """
 
@@ -16,7 +20,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from tqdm import tqdm
@@ -69,6 +73,17 @@ class BenchSize:
         return Scenario(job_id=f"bench-{self.gpus}", cluster=cluster, trace=trace)
 
 
+def deadline_list(text: str) -> list[int]:
+    """argparse type: ``"50,200,1000"`` -> ``[50, 200, 1000]`` (each >= 1)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS[,MS...], got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every deadline must be >= 1 ms, got {text!r}")
+    return values
+
+
 SOLVERS = {"full": True, "greedy": False}
 """Row label -> ``plan(..., use_cpsat=...)``: the whole planner, and its greedy stages only."""
 
@@ -78,6 +93,8 @@ class BenchRow:
     gpus: int
     solver: str
     """``full`` (greedy + CP-SAT) or ``greedy`` (greedy stages only)."""
+    deadline_ms: int | None
+    """The requests' deadline (None: the planner's default)."""
     samples: float
     """Mean samples per step."""
     repeats: int
@@ -87,6 +104,12 @@ class BenchRow:
     median_gap: float | None
     deadline_hits: int
     """Solves stopped by the wall-clock deadline."""
+    change_pct: float
+    """Mean predicted step time vs the baseline, in percent (negative = faster)."""
+    vs_longest_pct: float | None = None
+    """Mean predicted step time vs the same steps at the longest deadline, in percent."""
+    step_times_ms: tuple[float, ...] = ()
+    """Predicted step time of each request, in order (for the comparison across deadlines)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -109,7 +132,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--mode", choices=MODES, default="repack+parent", help="default repack+parent")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
-    add_deadline(p)
+    deadlines = p.add_mutually_exclusive_group()
+    add_deadline(deadlines)
+    deadlines.add_argument(
+        "--deadlines",
+        type=deadline_list,
+        default=None,
+        metavar="MS,MS,...",
+        help="run every size at each of these request deadlines and report quality vs deadline",
+    )
     add_profile(p)
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy-only rows")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -125,11 +156,13 @@ def bench_size(
     done: Callable[[], object],
 ) -> BenchRow:
     """Plan each request once with ``solver``, timing the whole ``plan()`` call."""
-    latencies, gaps, hits = [], [], 0
+    latencies, gaps, hits, times, changes = [], [], 0, [], []
     for request in requests:
+        if deadline_ms is not None:
+            request = request.model_copy(update={"deadline_ms": deadline_ms})
         t0 = time.perf_counter()
         try:
-            result = plan(request, deadline_ms=deadline_ms, use_cpsat=SOLVERS[solver])
+            result = plan(request, use_cpsat=SOLVERS[solver])
         except Exception as exc:
             exc.add_note(f"{gpus} GPUs, step {request.step}, mode {request.mode}, {solver}")
             raise
@@ -137,11 +170,14 @@ def bench_size(
         if result.metrics.gap is not None:
             gaps.append(result.metrics.gap)
         hits += result.metrics.stopped_by == "deadline"
+        times.append(result.metrics.step_time_ms)
+        changes.append(result.metrics.step_time_ms / result.metrics.baseline_step_time_ms - 1)
         done()
     p50, p95, p99 = (float(np.percentile(latencies, q)) for q in PERCENTILES)
     return BenchRow(
         gpus=gpus,
         solver=solver,
+        deadline_ms=deadline_ms,
         samples=float(np.mean([len(r.lengths) for r in requests])),
         repeats=len(requests),
         p50_ms=p50,
@@ -149,7 +185,25 @@ def bench_size(
         p99_ms=p99,
         median_gap=float(np.median(gaps)) if gaps else None,
         deadline_hits=hits,
+        change_pct=float(np.mean(changes)) * 100,
+        step_times_ms=tuple(times),
     )
+
+
+def compare_to_longest(rows: list[BenchRow]) -> list[BenchRow]:
+    """Fill ``vs_longest_pct``: each row's step times against the row of the same size and
+    solver at the longest deadline (same requests, same order)."""
+    longest: dict[tuple[int, str], BenchRow] = {}
+    for r in rows:
+        key = (r.gpus, r.solver)
+        if key not in longest or (r.deadline_ms or 0) > (longest[key].deadline_ms or 0):
+            longest[key] = r
+    out = []
+    for r in rows:
+        ref = longest[r.gpus, r.solver].step_times_ms
+        ratios = [t / t0 - 1 for t, t0 in zip(r.step_times_ms, ref, strict=True)]
+        out.append(replace(r, vs_longest_pct=float(np.mean(ratios)) * 100))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,27 +216,37 @@ def run(args: argparse.Namespace) -> int:
         for size in args.sizes
     ]
     solvers = ["full"] if args.no_greedy else list(SOLVERS)
-    plan(batches[0][0], deadline_ms=args.deadline_ms)  # warm-up: imports, solver start-up
-    total = sum(len(b) for b in batches) * len(solvers)
+    deadlines: list[int | None] = list(args.deadlines or [args.deadline_ms])
+    plan(batches[0][0])  # warm-up: imports, solver start-up
+    total = sum(len(b) for b in batches) * len(solvers) * len(deadlines)
     with tqdm(total=total, file=sys.stderr, unit="plan", disable=args.no_progress) as bar:
         rows = [
-            bench_size(batch, size.gpus, solver, args.deadline_ms, bar.update)
+            bench_size(batch, size.gpus, solver, deadline, bar.update)
             for size, batch in zip(args.sizes, batches, strict=True)
             for solver in solvers
+            for deadline in deadlines
         ]
+    compared = args.deadlines is not None
+    if compared:
+        rows = compare_to_longest(rows)
     if args.json:
-        print(json.dumps({"mode": args.mode, "rows": [asdict(r) for r in rows]}, indent=1))
+        out = [{k: v for k, v in asdict(r).items() if k != "step_times_ms"} for r in rows]
+        print(json.dumps({"mode": args.mode, "rows": out}, indent=1))
     else:
         print(f"mode {args.mode}, {args.repeats} steps per size, wall-clock ms per plan()\n")
-        print(render(rows))
+        print(render(rows, compared))
     return 0
 
 
-def render(rows: list[BenchRow]) -> str:
+def render(rows: list[BenchRow], compared: bool = False) -> str:
     header = ["GPUs", "solver", "samples", "p50 ms", "p95 ms", "p99 ms", "median gap"]
-    header.append("deadline hits")
-    body = [
-        [
+    header += ["vs baseline", "deadline hits"]
+    if compared:
+        header[2:2] = ["deadline ms"]
+        header.append("vs longest deadline")
+    body = []
+    for r in rows:
+        line = [
             str(r.gpus),
             r.solver,
             f"{r.samples:.0f}",
@@ -190,8 +254,11 @@ def render(rows: list[BenchRow]) -> str:
             f"{r.p95_ms:.1f}",
             f"{r.p99_ms:.1f}",
             "-" if r.median_gap is None else f"{r.median_gap * 100:.2f}%",
+            f"{r.change_pct:+.2f}%",
             f"{r.deadline_hits}/{r.repeats}",
         ]
-        for r in rows
-    ]
+        if compared:
+            line[2:2] = [str(r.deadline_ms)]
+            line.append("-" if r.vs_longest_pct is None else f"{r.vs_longest_pct:+.2f}%")
+        body.append(line)
     return format_table(header, body, left=2)

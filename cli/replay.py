@@ -85,7 +85,10 @@ def solve_step(index: int, request: PlanRequest, mode: str, deadline_ms: int | N
     """Plan step ``index`` of the trace in ``mode`` (runs in a worker process)."""
     where = f"step {request.step if request.step is not None else index}, mode {mode}"
     try:
-        result = plan(request.model_copy(update={"mode": mode}), deadline_ms=deadline_ms)
+        update: dict[str, object] = {"mode": mode}
+        if deadline_ms is not None:  # the request's deadline: work budget and safety net
+            update["deadline_ms"] = deadline_ms
+        result = plan(request.model_copy(update=update))
     except INPUT_ERRORS as exc:
         raise InputError(f"{where}: {describe(exc)}") from None
     except Exception as exc:

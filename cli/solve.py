@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     with reading(args.request):
         request = with_profile(read_request(args.request, mode=args.mode), profile)
-    result = plan(request, deadline_ms=args.deadline_ms)
+    if args.deadline_ms is not None:  # the request's deadline: work budget and safety net
+        request = request.model_copy(update={"deadline_ms": args.deadline_ms})
+    result = plan(request)
     text = result.model_dump_json(indent=1) + "\n"
     if args.out:
         write_atomic(args.out, text)

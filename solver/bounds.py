@@ -41,16 +41,22 @@ def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
 
 def sparse_a2a_floor(problem: Problem, length: int, sizes: Sequence[int]) -> float:
     """Least all-to-all seconds per token a sample of ``length`` pays in a sparse layer: the
-    smallest group that can hold it (a child up to a node, else its unrepacked parent)."""
+    cheapest group that can hold it (a node-local child, else its unrepacked parent). Not
+    always the smallest group: with an inter-node link as fast as the intra-node one, a
+    parent over two nodes moves a token more cheaply than a child of a whole node."""
     cost = problem.cost
+    parents = [size for size in set(sizes) if problem.capacity(size) >= length]
     if length > problem.capacity(cost.gpus_per_node):
-        return min(
-            cost.a2a_seconds_per_token(size)
-            for size in set(sizes)
-            if problem.capacity(size) >= length
-        )
-    smallest = next(k for k in problem.child_sizes if length <= problem.capacity(k))
-    return cost.a2a_seconds_per_token(smallest)
+        return min(cost.a2a_seconds_per_token(size) for size in parents)
+    children = [k for k in problem.child_sizes if length <= problem.capacity(k)]
+    return min(cost.a2a_seconds_per_token(k) for k in children + parents)
+
+
+def cheapest_child_a2a(problem: Problem, length: int, size: int) -> float | None:
+    """Least all-to-all seconds per token of a node-local child of a parent of ``size`` that
+    holds ``length`` tokens; None when no such child exists."""
+    fits = [k for k in problem.child_sizes if k <= size and length <= problem.capacity(k)]
+    return min((problem.cost.a2a_seconds_per_token(k) for k in fits), default=None)
 
 
 def unrepacked_seconds(problem: Problem, size: int, members: Sequence[int]) -> float:
@@ -103,12 +109,12 @@ def membership_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) 
     cheapest = min(a2a.values())
     # what aggregate_bound already charged this sample's tokens beyond compute
     charged_sparse = sparse_a2a_floor(problem, length, sizes)
-    smallest_child = next((k for k in problem.child_sizes if length <= problem.capacity(k)), None)
     options = []
     for size in fitting:
         sparse_a2a = a2a[size]
-        if repack and smallest_child is not None and smallest_child <= size:
-            sparse_a2a = min(sparse_a2a, cost.a2a_seconds_per_token(smallest_child))
+        child_a2a = cheapest_child_a2a(problem, length, size) if repack else None
+        if child_a2a is not None:
+            sparse_a2a = min(sparse_a2a, child_a2a)
         extra = length * (
             cost.full_layers * (a2a[size] - cheapest)
             + cost.sparse_layers * (sparse_a2a - charged_sparse)
@@ -125,8 +131,9 @@ PIGEONHOLE_DEPTH = 3
 def pigeonhole_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
     """For J parents of one size: among the ``t * J + 1`` longest samples some parent holds
     ``t + 1`` of them, so it is at least as slow as the ``t + 1`` shortest of those together
-    (a parent's bound only grows with its members). 0 when the sizes differ."""
-    if len(set(sizes)) != 1:
+    (a parent's bound only grows with its members). 0 when the sizes differ, or when they are
+    a menu of allowed sizes rather than the parents tiling the cluster."""
+    if len(set(sizes)) != 1 or sum(sizes) != problem.cost.world_size:
         return 0.0
     size, parents = sizes[0], len(sizes)
     by_length = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from solver.bounds import parent_bound, unrepacked_seconds
 from solver.budget import Budget
-from solver.child_cpsat import ChildModel, slot_count
+from solver.child_cpsat import DETERMINISTIC_SECONDS, ChildModel, slot_count
 from solver.child_packer import ChildPacker
 from solver.layout import (
     Layout,
@@ -87,7 +87,7 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
         model = ChildModel(problem, p.start, p.size, p.samples, incumbent_s=times[c])
         if p.repacked:
             model.hint(p)
-        result = model.solve(budget.remaining_s())
+        result = model.solve(budget.remaining_s(), budget.cpsat_seconds(DETERMINISTIC_SECONDS))
         if result.stopped_by_time:
             budget.fired = True
         unrepacked = unrepacked_seconds(problem, p.size, p.samples)

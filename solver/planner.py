@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
-from solver.budget import Budget
+from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
 from solver.children import ChildrenSolution, polish, solve_children
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, members_from_parent_of
@@ -29,7 +29,6 @@ from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
 
-DEFAULT_DEADLINE_MS = 1000
 ASSEMBLY_MS_PER_RANK = 0.012
 ASSEMBLY_MS_PER_SAMPLE = 0.004
 """Measured cost of building and evaluating the final plan (2-core CPU), kept back from the
@@ -67,16 +66,19 @@ def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int]
 
 
 def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: bool = True) -> Plan:
-    """Solve one step. ``deadline_ms`` overrides the request's (and the default);
-    ``use_cpsat=False`` returns the greedy plan (for benchmarks)."""
+    """Solve one step. The search done depends on the request alone (its ``deadline_ms`` sets
+    the deterministic work budget); ``deadline_ms`` here overrides only the wall-clock safety
+    net (the service passes what is left after queueing). ``use_cpsat=False`` returns the
+    greedy plan (for benchmarks)."""
     t0 = time.perf_counter()
-    deadline = deadline_ms or request.deadline_ms or DEFAULT_DEADLINE_MS
+    requested = request.deadline_ms or DEFAULT_DEADLINE_MS
+    deadline = deadline_ms or requested
     # Keep back the time the plan's assembly takes (split sizes for every rank), so the
     # finished plan, not just the search, comes back within the deadline.
     reserve_ms = ASSEMBLY_MS_PER_RANK * request.cluster.world_size + ASSEMBLY_MS_PER_SAMPLE * len(
         request.lengths
     )
-    budget = Budget(max(deadline - reserve_ms, 0.0), use_cpsat)
+    budget = Budget(max(deadline - reserve_ms, 0.0), use_cpsat, scale=work_scale(requested))
     mode: Mode = request.resolved_mode
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
@@ -209,7 +211,8 @@ def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome
         raise AssertionError(f"lower bound {best.lower_bound_s} s above the plan's {step} s")
     lb = min(best.lower_bound_s, step)  # equal up to float noise
     proven = step - lb <= GAP_TOLERANCE * step
-    stopped: StoppedBy = "optimal" if proven else ("deadline" if budget.fired else "work_limit")
+    # The safety net is reported whenever it fired: the layout may then depend on the machine.
+    stopped: StoppedBy = "deadline" if budget.fired else ("optimal" if proven else "work_limit")
     return SolveOutcome(
         layout=best.layout,
         evaluation=best.evaluation,

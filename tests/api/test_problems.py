@@ -121,3 +121,26 @@ def test_openapi_documents_problem_answers(client: TestClient) -> None:
 
 def test_no_static_path_escape(client: TestClient) -> None:
     assert client.get("/static/../main.py").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("cluster", "location"),
+    [
+        ({"peak_tflops": 1e308}, "body.cluster.peak_tflops"),
+        ({"compute_efficiency": 1e-300}, "body.cluster.compute_efficiency"),
+        ({"inter_node_gbps": 1e-308}, "body.cluster.inter_node_gbps"),
+    ],
+)
+def test_implausible_physical_constants_are_422(
+    client: TestClient, cluster: dict[str, Any], location: str
+) -> None:
+    """Values that used to end in a 500 (ZeroDivisionError, CP-SAT overflow) name their field."""
+    body = {"cluster": cluster, "lengths": [150000, 9000]}
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert locations(problem) == [location]
+
+
+def test_unresolved_profile_name_is_422(client: TestClient) -> None:
+    body = {"lengths": [150000, 9000], "profile_name": "lab-a"}
+    problem = assert_problem(client.post("/v1/plans", json=body), 422)
+    assert locations(problem) == ["body.profile_name"]

@@ -82,3 +82,20 @@ def test_replay_and_bench_take_a_profile(repack: Repack, profile_file: Path) -> 
     bench = repack("bench", *bench_args, "--profile", profile_file)
     assert bench.returncode == 0, bench.stderr
     assert json.loads(bench.stdout)["rows"][0]["repeats"] == 1
+
+
+@pytest.mark.parametrize(
+    ("cluster", "field"),
+    [
+        ({"peak_tflops": 1e308}, "cluster.peak_tflops"),
+        ({"compute_efficiency": 1e-300}, "cluster.compute_efficiency"),
+        ({"intra_node_gbps": 1e-308}, "cluster.intra_node_gbps"),
+    ],
+)
+def test_implausible_cluster_is_one_line(
+    repack: Repack, tmp_path: Path, cluster: dict[str, float], field: str
+) -> None:
+    """Values that used to end in a traceback (ZeroDivisionError, CP-SAT overflow)."""
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps({"cluster": cluster, "lengths": [150000, 9000]}))
+    assert_one_line_error(repack("solve", path), field, "request.json")

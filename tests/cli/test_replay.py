@@ -145,3 +145,25 @@ def test_closed_stdout_exits_quietly() -> None:
     proc.stdout.close()
     assert proc.stderr.read() == ""
     assert proc.wait(timeout=60) == 141
+
+
+def test_bench_quality_vs_deadline(repack: Repack) -> None:
+    args = ("--sizes", "16:20", "--repeats", "2", "--no-greedy", "--json", "--no-progress")
+    proc = repack("bench", *args, "--deadlines", "50,1000")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)["rows"]
+    assert [(r["gpus"], r["deadline_ms"]) for r in rows] == [(16, 50), (16, 1000)]
+    assert rows[1]["vs_longest_pct"] == 0.0  # the longest deadline is the reference
+    for r in rows:
+        assert r["change_pct"] <= 0.0  # never slower than the baseline
+        assert r["vs_longest_pct"] is not None and "step_times_ms" not in r
+
+
+@pytest.mark.parametrize("value", ["50,x", "0,100", ""])
+def test_bench_bad_deadlines_is_one_line(repack: Repack, value: str) -> None:
+    assert_one_line_error(repack("bench", "--deadlines", value), "--deadlines")
+
+
+def test_bench_deadline_options_exclude_each_other(repack: Repack) -> None:
+    proc = repack("bench", "--deadlines", "50", "--deadline-ms", "100")
+    assert_one_line_error(proc, "not allowed with argument")
