@@ -18,6 +18,8 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 SOURCE_HEADER = "X-Repack-Plan-Source"
 """Where the answer came from: solved, inflight (joined a running solve), memory, database."""
+JOB_PROFILE_HEADER = "X-Repack-Job-Profile-Version"
+"""The version of the job's refitted profile the plan was priced with (opted-in jobs only)."""
 
 
 @router.post(
@@ -42,10 +44,17 @@ async def create_plan(body: PlanRequest, service: ServiceDep, http: Request) -> 
     return Response(
         answer.body,
         media_type="application/json",
-        headers={SOURCE_HEADER: answer.source},
+        headers=_headers(answer.source, profile_version),
         # After the answer is sent: what a refit re-prices (off the plan's latency path).
         background=BackgroundTask(record_planned, profiles, body, answer.source, profile_version),
     )
+
+
+def _headers(source: str, profile_version: int | None) -> dict[str, str]:
+    headers = {SOURCE_HEADER: source}
+    if profile_version is not None:  # the job's refitted profile priced this plan
+        headers[JOB_PROFILE_HEADER] = str(profile_version)
+    return headers
 
 
 @router.get(

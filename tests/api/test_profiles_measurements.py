@@ -129,7 +129,11 @@ def test_opted_in_job_refits_its_profile_and_plans_with_it(client: httpx.Client)
     for name, want in truth.items():
         assert last[name] == pytest.approx(want, rel=0.10), name
     # The next step is planned with the newest version, and the stored comparison says so.
-    client.post("/v1/plans", json=_request(20))
+    planned = client.post("/v1/plans", json=_request(20))
+    assert planned.headers["x-repack-job-profile-version"] == str(versions[-1]["version"])
+    replay = client.post("/v1/plans", json=_request(20))  # a retry: same bytes, same version
+    assert replay.content == planned.content
+    assert replay.headers["x-repack-job-profile-version"] == str(versions[-1]["version"])
     client.post(_url("loop", 20), json={"step_time_ms": 100.0})
     # The step's request is recorded just after its plan is answered (off the latency path).
     deadline = time.monotonic() + 10
