@@ -10,6 +10,9 @@ predicted step time vs the baseline, and how often the wall-clock deadline fired
 ``--deadlines 50,200,1000`` runs every size once per deadline (written into each request, so
 that it sets the deterministic work budget as well as the safety net) and adds the quality vs
 deadline: each step's predicted step time relative to the same step at the longest deadline.
+With ``--work-only`` the wall-clock safety net is set out of reach (10 minutes), so the quality
+columns show what each deadline's deterministic work budget gives, the same on any machine;
+without it they show what this machine delivered, safety net included.
 Latencies are measurements of this machine, printed, never asserted.
 """
 
@@ -84,6 +87,9 @@ def deadline_list(text: str) -> list[int]:
     return values
 
 
+WORK_ONLY_SAFETY_NET_MS = 600_000
+"""``--work-only``: a wall-clock safety net no bench solve reaches."""
+
 SOLVERS = {"full": True, "greedy": False}
 """Row label -> ``plan(..., use_cpsat=...)``: the whole planner, and its greedy stages only."""
 
@@ -141,6 +147,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="MS,MS,...",
         help="run every size at each of these request deadlines and report quality vs deadline",
     )
+    p.add_argument(
+        "--work-only",
+        action="store_true",
+        help="keep the wall-clock safety net out of reach: quality of the work budget alone",
+    )
     add_profile(p)
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy-only rows")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -154,6 +165,7 @@ def bench_size(
     solver: str,
     deadline_ms: int | None,
     done: Callable[[], object],
+    safety_net_ms: int | None = None,
 ) -> BenchRow:
     """Plan each request once with ``solver``, timing the whole ``plan()`` call."""
     latencies, gaps, hits, times, changes = [], [], 0, [], []
@@ -162,7 +174,7 @@ def bench_size(
             request = request.model_copy(update={"deadline_ms": deadline_ms})
         t0 = time.perf_counter()
         try:
-            result = plan(request, use_cpsat=SOLVERS[solver])
+            result = plan(request, safety_net_ms, use_cpsat=SOLVERS[solver])
         except Exception as exc:
             exc.add_note(f"{gpus} GPUs, step {request.step}, mode {request.mode}, {solver}")
             raise
@@ -217,11 +229,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     solvers = ["full"] if args.no_greedy else list(SOLVERS)
     deadlines: list[int | None] = list(args.deadlines or [args.deadline_ms])
+    safety_net = WORK_ONLY_SAFETY_NET_MS if args.work_only else None
     plan(batches[0][0])  # warm-up: imports, solver start-up
     total = sum(len(b) for b in batches) * len(solvers) * len(deadlines)
     with tqdm(total=total, file=sys.stderr, unit="plan", disable=args.no_progress) as bar:
         rows = [
-            bench_size(batch, size.gpus, solver, deadline, bar.update)
+            bench_size(batch, size.gpus, solver, deadline, bar.update, safety_net)
             for size, batch in zip(args.sizes, batches, strict=True)
             for solver in solvers
             for deadline in deadlines

@@ -52,8 +52,9 @@ class Budget:
         return base_s * self.scale
 
     def evals(self, base: int) -> int:
-        """Local-search evaluations for a search whose full-budget limit is ``base``."""
-        return max(1, math.ceil(base * self.scale))
+        """Local-search evaluations for a search whose full-budget limit is ``base`` (at least
+        one unless ``base`` is 0)."""
+        return min(base, max(1, math.ceil(base * self.scale)))
 
     def remaining_s(self) -> float:
         return self.end - time.perf_counter()

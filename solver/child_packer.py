@@ -105,8 +105,14 @@ class ChildPacker:
             best.sparse_s += sparse
             best.samples.append(s)
         self._grow(buddies, children)
+        # Idle ranks become empty children of allowed sizes: on nodes wider than the largest
+        # child size (16+ GPUs), a free buddy block can be wider than any child may be.
+        largest = max(self.sizes)
         return children + [
-            _OpenChild(b[0], b[1], 0.0, 0, []) for buddy in buddies for b in buddy.free
+            _OpenChild(start + offset, min(size, largest), 0.0, 0, [])
+            for buddy in buddies
+            for start, size in buddy.free
+            for offset in range(0, size, largest)
         ]
 
     def _open(

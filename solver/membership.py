@@ -247,6 +247,8 @@ def balance(
         for j, group in enumerate(start):
             for s in group:
                 bal.place(j, s)
+    if evals > 0 and clock is not None:
+        evals = clock.evals(evals)  # the request's deterministic work budget
     if evals > 0:
         bal.improve(bal.evals + evals, clock)
     return [sorted(ld.members) for ld in bal.loads]

@@ -132,7 +132,7 @@ def extreme_requests(draw: st.DrawFn) -> PlanRequest:
     }
     cluster = {
         "nodes": draw(st.integers(1, 2)),
-        "gpus_per_node": draw(st.sampled_from([1, 2, 8])),
+        "gpus_per_node": draw(st.sampled_from([1, 2, 8, 64])),
         "max_tokens_per_rank": draw(
             st.one_of(
                 st.sampled_from([1, MAX_TOKENS_PER_RANK_LIMIT]),
@@ -190,3 +190,18 @@ def test_every_accepted_request_plans(request: PlanRequest) -> None:
     assert m.lower_bound_ms is not None and 0 <= m.lower_bound_ms <= m.step_time_ms
     assert m.step_time_ms <= m.baseline_step_time_ms
     assert validate_plan(request, result) == []
+
+
+def test_idle_ranks_of_wide_nodes_become_allowed_children() -> None:
+    """Found by the property test: on a node of 64 GPUs the idle ranks of a repacked parent
+    were handed out as one empty child of 16 ranks, which no layout rule allows."""
+    request = PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 64, "max_tokens_per_rank": 1},
+            "model": {"layers": 1, "pattern": "S", "hidden": 1, "kv_heads": 1, "head_dim": 1},
+            "lengths": [1, 32],
+        }
+    )
+    for mode in MODES:
+        result = plan(request.model_copy(update={"mode": mode}))
+        assert validate_plan(request, result) == [], mode
