@@ -1,6 +1,6 @@
 """From calibration measurements to profile constants (the fitting half of ``repack calibrate``).
 
-The runtime side (``runtime_client.calibrate``) times all-to-alls and the model's parts; this
+The runtime client's calibrate module times all-to-alls and the model's parts; this
 module turns those times into the constants the cost model reads, using the cost model's own
 formulas for bytes and FLOPs so that a fitted profile predicts exactly what was measured:
 
