@@ -22,7 +22,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_deadline(parser: argparse._ActionsContainer) -> None:
+def add_deadline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--deadline-ms",
         type=positive_int,

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         request = with_profile(read_request(args.request, mode=args.mode), profile)
     if args.deadline_ms is not None:  # the request's deadline: work budget and safety net
         request = request.model_copy(update={"deadline_ms": args.deadline_ms})
-    result = plan(request)
+    result = plan(request, deadline_ms=args.deadline_ms)
     text = result.model_dump_json(indent=1) + "\n"
     if args.out:
         write_atomic(args.out, text)

@@ -74,11 +74,14 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
         )
         for size in {1 << i for i in range(cost.world_size.bit_length())}
     }
+    # Per parent size: the fixed latency of its full layers' all-to-all calls (0 by default).
+    latency = {size: nf * cost.collective_seconds(size) for size in coef}
 
     def baseline(size: int, full: float, sparse: float, tokens: int, _: float) -> float:
         inv, full_tok, sparse_tok = coef[size]
         n = ceil_div(tokens, size)
-        return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok)
+        unrepacked_latency = latency[size] + ns * cost.collective_seconds(size)
+        return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok) + unrepacked_latency
 
     def repack(size: int, full: float, sparse: float, tokens: int, single: float) -> float:
         # The parent may also stay unrepacked: never estimate it slower than that.
@@ -88,6 +91,7 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
         inv, full_tok, _ = coef[size]
         spread = (sparse + tokens * lin) * inv
         repacked = nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
+        repacked += latency[size]  # the children's latency is in ``single`` already
         return min(unrepacked, repacked)
 
     def tokens_per_rank(size: int, _f: float, _s: float, tokens: int, _l: float) -> float:

@@ -233,7 +233,11 @@ class PlanRequest(BaseModel):
         None, description="Default: repack+sizing without parent_sizes, else repack+parent."
     )
     deadline_ms: StrictInt | None = Field(
-        None, gt=0, le=600_000, description="Wall-clock budget; default from the caller."
+        None,
+        gt=0,
+        le=600_000,
+        description="Deadline of the answer: sets the deterministic work budget (full at the "
+        "default 1000 ms and above, less below) and the wall-clock safety net.",
     )
     profile: Profile | None = Field(
         None,

@@ -15,14 +15,21 @@ from solver.trace import load_trace
 from tests.helpers import ROOT
 
 GOLDEN = Path(__file__).parent / "data" / "default-profile-golden.json"
+SCENARIO_DIRS = (ROOT / "scenarios", ROOT / "solver" / "scenarios")
+"""Where the checkout keeps its scenario files (the second once they ship with the package)."""
 SCENARIOS = (("gpu16-small.yaml", 4), ("gpu64-200steps.yaml", 2))
 MODES = ("baseline", "sizing", "repack", "repack+parent", "repack+sizing")
+
+
+def scenario_path(name: str) -> Path:
+    """The checkout's scenario file ``name``, wherever the checkout keeps scenarios."""
+    return next((d / name for d in SCENARIO_DIRS if (d / name).exists()), SCENARIO_DIRS[0] / name)
 
 
 def record() -> list[dict[str, Any]]:
     entries = []
     for name, steps in SCENARIOS:
-        for index, request in enumerate(islice(load_trace(ROOT / "scenarios" / name), steps)):
+        for index, request in enumerate(islice(load_trace(scenario_path(name)), steps)):
             for mode in MODES:
                 result = plan(request.model_copy(update={"mode": mode}))
                 entries.append(

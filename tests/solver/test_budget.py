@@ -13,7 +13,7 @@ from solver.planner import plan
 from solver.schema import PlanRequest
 from solver.trace import load_trace
 from solver.validate import validate_plan
-from tests.helpers import ROOT
+from tests.solver.default_profile_golden import scenario_path
 
 
 def _layout(request: PlanRequest, **kwargs: float) -> dict[str, object]:
@@ -25,7 +25,7 @@ def _layout(request: PlanRequest, **kwargs: float) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def wide_step() -> PlanRequest:
     """A 64-GPU step with a parent wider than a node (CP-SAT polishes it)."""
-    return next(islice(load_trace(ROOT / "scenarios" / "gpu64-200steps.yaml"), 3, None))
+    return next(islice(load_trace(scenario_path("gpu64-200steps.yaml")), 3, None))
 
 
 @pytest.mark.parametrize(

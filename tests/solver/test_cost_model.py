@@ -18,14 +18,16 @@ from solver.cost_model import (
     unrepacked_parent_seconds,
 )
 from solver.layout import Child, Layout, Parent, evaluate
+from solver.membership import make_cost_fn
 from solver.plan_builder import canonical_json
 from solver.planner import plan
+from solver.problem import Problem
 from solver.profiles import DEFAULT_PROFILE, Profile
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 from solver.trace import load_trace
 from solver.validate import validate_plan
-from tests.helpers import ROOT, example_plan, example_request
-from tests.solver.default_profile_golden import GOLDEN
+from tests.helpers import example_plan, example_request
+from tests.solver.default_profile_golden import GOLDEN, scenario_path
 from tests.solver.default_profile_golden import SCENARIOS as GOLDEN_SCENARIOS
 
 # A toy machine where every term is easy to do on paper: 2 nodes x 2 GPUs, 1 and 0.5 GB/s,
@@ -141,7 +143,7 @@ def _golden_layout(entry: dict[str, Any]) -> Layout:
 def _golden_requests() -> dict[tuple[str, int], PlanRequest]:
     out = {}
     for name, steps in GOLDEN_SCENARIOS:
-        for i, req in enumerate(islice(load_trace(ROOT / "scenarios" / name), steps)):
+        for i, req in enumerate(islice(load_trace(scenario_path(name)), steps)):
             out[name, i] = req
     return out
 
@@ -223,3 +225,20 @@ def test_plan_with_latency_profile_validates() -> None:
     assert latent.metrics.step_time_ms > fast.metrics.step_time_ms
     assert latent.metrics.lower_bound_ms is not None
     assert latent.metrics.lower_bound_ms <= latent.metrics.step_time_ms
+
+
+def test_membership_estimate_counts_the_collective_latency() -> None:
+    """The membership search's unrepacked estimate is the cost model's exact time, latency
+    included (a calibrated profile may carry one)."""
+    req = example_request().model_copy(
+        update={"profile": DEFAULT_PROFILE.model_copy(update={"collective_latency_us": 500.0})}
+    )
+    problem = Problem.from_request(req)
+    estimate = make_cost_fn(problem, "baseline")
+    members = list(range(problem.num_samples))
+    full = sum(problem.full_s[s] for s in members)
+    sparse = sum(problem.sparse_s[s] for s in members)
+    tokens = sum(problem.tokens[s] for s in members)
+    for size in (1, 4, 16):
+        exact = unrepacked_parent_seconds(problem.cost, size, full, sparse, tokens)
+        assert estimate(size, full, sparse, tokens, 0.0) == pytest.approx(exact, rel=1e-12)

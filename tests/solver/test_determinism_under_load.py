@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tests.helpers import ROOT
+from tests.solver.default_profile_golden import scenario_path
 
 LOAD_PROCESSES = 4
 SOLVING = 2
@@ -27,7 +28,7 @@ from solver.plan_builder import canonical_json
 from solver.planner import plan
 from solver.trace import load_trace
 step = int(sys.argv[1])
-request = next(itertools.islice(load_trace("scenarios/gpu64-200steps.yaml"), step, None))
+request = next(itertools.islice(load_trace(sys.argv[3]), step, None))
 request = request.model_copy(update={"deadline_ms": 60_000})
 if sys.argv[2] == "once":
     print(canonical_json(plan(request), drop_timing=True))
@@ -41,11 +42,12 @@ else:  # load: solve forever, say when the first solve is done
 STEP = 3
 """A step with a parent wider than a node, where CP-SAT polishes the critical parent."""
 LOAD_STEP = 7
+TRACE = scenario_path("gpu64-200steps.yaml")
 
 
 def _start(step: int, what: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", PLAN_SCRIPT, str(step), what],
+        [sys.executable, "-c", PLAN_SCRIPT, str(step), what, str(TRACE)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
