@@ -20,8 +20,11 @@ from api.database import Database, open_store
 from api.metrics import LatencyMiddleware, ServiceMetrics
 from api.plan_service import PlanService, WorkLimits
 from api.problems import install_problem_handlers
+from api.profile_store import ProfileStore
 from api.retention import run_retention
 from api.routers import dashboard, docs, health, jobs, plans
+from api.routers import measurements as measurements_router
+from api.routers import profiles as profiles_router
 from api.security_headers import SecurityHeadersMiddleware
 from api.settings import Settings, db_timeouts, get_settings
 from api.solver_pool import SolverPool, WorkerLimits
@@ -41,6 +44,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await run_in_threadpool(open_store, settings.database_url, db_timeouts(settings))
         db = Database(store, settings.db_timeout_ms / 1e3)
+        app.state.profiles = ProfileStore(store.engine)  # profiles, measurements, job feedback
+        await run_in_threadpool(app.state.profiles.create_schema)
         pool = SolverPool(
             workers=settings.solver_workers,
             queue_limit=settings.queue_limit,
@@ -105,6 +110,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(CorrelationIdMiddleware, header_name="X-Request-ID")
     for module in (plans, jobs, health, dashboard, docs):
         app.include_router(module.router)
+    app.include_router(measurements_router.router)
+    app.include_router(profiles_router.router)
     app.mount(docs.ASSETS, docs.assets, name="docs-assets")
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

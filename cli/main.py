@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "cli.bench_service",
     "cli.token",
     "cli.soak",
+    "cli.calibrate",
 )
 """Modules that add a subcommand; each defines ``register(subparsers)``."""
 

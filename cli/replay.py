@@ -25,6 +25,7 @@ from cli.errors import INPUT_ERRORS, InputError, describe, reading
 from cli.options import MODES, add_deadline, positive_int
 from cli.output import format_table
 from cli.profile_option import add_profile, load_profile, with_profile
+from cli.replay_measured import add_measurements, describe_fit, measured_profile
 from cli.replay_stats import (
     CLASSIFYING_MODE,
     GROUPS,
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_deadline(p)
     add_profile(p)
+    add_measurements(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument(
         "--no-progress",
@@ -150,6 +152,12 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     with reading(args.trace):
         requests = [with_profile(r, profile) for r in islice(load_trace(args.trace), args.steps)]
+    fitted = None
+    if args.measurements:
+        requests, fitted = measured_profile(
+            requests, args.measurements, args.measured_mode, args.deadline_ms
+        )
+        print(describe_fit(fitted), file=sys.stderr if args.json else sys.stdout)
     results = replay(
         requests,
         args.modes,
@@ -167,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
             "modes": list(args.modes),
             "groups": {g: [asdict(row) for row in table[g]] for g in GROUPS},
         }
+        if fitted is not None:
+            report["measured_profile"] = fitted.constants
         print(json.dumps(report, indent=1))
     else:
         share = wide / len(requests) * 100

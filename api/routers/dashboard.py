@@ -17,6 +17,8 @@ from fastapi.templating import Jinja2Templates
 
 from api.auth import BrowserCaller
 from api.deps import SettingsDep, StoreDep
+from api.feedback import feedback_view
+from api.measurement_view import compare_steps
 from api.problems import ProblemError
 from api.routers.jobs import Step
 from api.routers.params import JobIdPath, PlanIdPath
@@ -80,4 +82,23 @@ async def plan_page(
     }
     return templates.TemplateResponse(
         request, "plan.html", {"plan_id": plan_id, "row": row, "data": data}
+    )
+
+
+@router.get("/dashboard/jobs/{job_id}/measured", response_class=HTMLResponse)
+async def measured_page(
+    request: Request, job_id: JobId, store: StoreDep, caller: BrowserCaller
+) -> HTMLResponse:
+    """Predicted vs measured step times, error distribution, terms and fitted constants."""
+    caller.require(job_id)
+    profiles = request.app.state.profiles
+    steps = await store.call(compare_steps, profiles, store.store, job_id, MAX_PLOTTED_STEPS, None)
+    if not steps:
+        raise ProblemError(404, "job-not-found", f"no measurements for job {job_id!r}")
+    feedback = await store.call(feedback_view, profiles, job_id)
+    data = {"steps": steps, "feedback": feedback}
+    return templates.TemplateResponse(
+        request,
+        "measured.html",
+        {"job_id": job_id, "steps": steps, "feedback": feedback, "data": data},
     )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.background import BackgroundTask
 
 from api.auth import Caller
-from api.deps import MetricsDep, ServiceDep
+from api.deps import MetricsDep, ServiceDep, StoreDep
 from api.errors import PlanNotFound
+from api.feedback import record_planned, resolve_request
 from api.plan_log import log_plan, plan_fields
 from api.problems import problem_responses
 from api.routers.params import PlanIdPath
@@ -20,6 +22,8 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 SOURCE_HEADER = "X-Repack-Plan-Source"
 """Where the answer came from: solved, inflight (joined a running solve), memory, database."""
+JOB_PROFILE_HEADER = "X-Repack-Job-Profile-Version"
+"""The version of the job's refitted profile the plan was priced with (opted-in jobs only)."""
 
 
 @router.post(
@@ -29,7 +33,12 @@ SOURCE_HEADER = "X-Repack-Plan-Source"
     responses=problem_responses(400, 401, 403, 409, 413, 422, 429, 500, 503),
 )
 async def create_plan(
-    body: PlanRequest, service: ServiceDep, caller: Caller, metrics: MetricsDep
+    body: PlanRequest,
+    service: ServiceDep,
+    db: StoreDep,
+    caller: Caller,
+    metrics: MetricsDep,
+    http: Request,
 ) -> Response:
     """Solve (or replay) the plan for ``(job_id, step)``.
 
@@ -42,11 +51,28 @@ async def create_plan(
         )
     caller.require(body.job_id)
     started = time.perf_counter()
+    profiles = http.app.state.profiles
+    body, profile_version = await resolve_request(
+        profiles, db, body
+    )  # opted-in job: refitted profile
     answer = await service.plan(body)
     log_plan(metrics, body, answer.body, answer.source, time.perf_counter() - started)
     return Response(
-        answer.body, media_type="application/json", headers={SOURCE_HEADER: answer.source}
+        answer.body,
+        media_type="application/json",
+        headers=_headers(answer.source, profile_version),
+        # After the answer is sent: what a refit re-prices (off the plan's latency path).
+        background=BackgroundTask(
+            record_planned, profiles, db, body, answer.source, profile_version
+        ),
     )
+
+
+def _headers(source: str, profile_version: int | None) -> dict[str, str]:
+    headers = {SOURCE_HEADER: source}
+    if profile_version is not None:  # the job's refitted profile priced this plan
+        headers[JOB_PROFILE_HEADER] = str(profile_version)
+    return headers
 
 
 @router.get(

@@ -44,7 +44,7 @@ PROPERTY_EXAMPLES = 25
     ("cluster", "field", "fragment"),
     [
         ({"peak_tflops": 1e308}, "cluster.peak_tflops", "less than or equal to 1000000"),
-        ({"peak_tflops": 0.5}, "cluster.peak_tflops", "greater than or equal to 1"),
+        ({"peak_tflops": 5e-5}, "cluster.peak_tflops", "greater than or equal to 0.0001"),
         ({"compute_efficiency": 1e-300}, "cluster.compute_efficiency", "greater than 0.01"),
         ({"compute_efficiency": 0.01}, "cluster.compute_efficiency", "greater than 0.01"),
         ({"inter_node_gbps": 1e-308}, "cluster.inter_node_gbps", "greater than or equal to 0.01"),

@@ -1,0 +1,195 @@
+"""Calibrated prediction vs measured step time of the toy model (gloo, local ranks).
+
+    .venv/bin/python bench/calibration_target.py --ranks 4 --gpus-per-node 2 --steps 30
+
+Calibrates on N forked gloo ranks (``runtime_client.calibrate``), fits the profile, then trains
+the toy 1F3S model for ``--steps`` steps with plans from the in-process planner priced with that
+profile, timing every step (forward + backward + optimizer; planning excluded) and comparing it
+with the plan's predicted step time. Prints the error distribution (a benchmark: no asserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from cli.calibrate import fit_report, profile_document, toy_model_spec
+from runtime_client.all_to_all import RepackComm
+from runtime_client.calibrate import CalibrationConfig, run_calibration
+from runtime_client.groups import GroupConfig, RepackGroups
+from runtime_client.local_launch import run_local_ranks
+from runtime_client.local_layout import LocalLayout, plan_lengths
+from runtime_client.step_timer import StepTimer, TimedAttention
+from runtime_client.toy_model import RepackAttention, ToyConfig, ToyModel, synthetic_batch
+from solver.calibration_profile import fit_profile
+from solver.cost_model import CostModel, SampleCosts
+from solver.planner import plan as solve
+from solver.profile_feedback import FeedbackConfig, Observation, constants_of, refit, with_constants
+from solver.profiles import Profile
+from solver.schema import Plan, PlanRequest
+from solver.validate import step_seconds
+
+TOY_SIZES = {
+    "small": ToyConfig(),
+    "medium": ToyConfig(hidden=128, head_dim=16, ffn=256, window=64),
+}
+
+
+def step_lengths(seed: int, step: int, tokens: int, longest: int) -> list[int]:
+    """The toy's long-tailed step (as examples/train_toy.py draws it)."""
+    rng = random.Random(seed * 100_003 + step)
+    lengths: list[int] = []
+    while True:
+        n = rng.choice([rng.randint(1, 12), rng.randint(12, 60), rng.randint(60, 400)])
+        if sum(lengths) + n > tokens:
+            return lengths
+        lengths.append(min(n, longest))
+
+
+def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
+    config = CalibrationConfig(
+        model=TOY_SIZES[args.toy],
+        gpus_per_node=args.gpus_per_node,
+        lengths=tuple(args.lengths),
+        payload_tokens=tuple(args.payload_tokens),
+        repeats=args.repeats,
+        statistic=args.statistic,
+    )
+    measured = run_calibration(config)
+    cluster, model = toy_model_spec(config, world)
+    cluster = cluster.model_copy(update={"max_tokens_per_rank": args.max_tokens_per_rank})
+    fitted = fit_profile(
+        CostModel.from_specs(cluster, model),
+        measured.all_to_all,
+        measured.compute,
+        peak_tflops=measured.peak_tflops,
+    )
+    profile = profile_document("calibrated", fitted)
+    groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=args.gpus_per_node)).setup()
+    torch.manual_seed(0)
+    toy = ToyModel(config.model)
+    optimizer = torch.optim.AdamW(toy.parameters(), lr=1e-3)
+    timer = StepTimer().attach(toy.blocks, [config.model.pattern[i % 4] for i in range(4)])
+    rows = []
+    for step in range(args.steps):
+        lengths = step_lengths(0, step, args.tokens_per_step, world * args.max_tokens_per_rank)
+        request = PlanRequest.model_validate(
+            {
+                "cluster": cluster.model_dump(exclude={"profile"}),
+                "model": model.model_dump(exclude={"profile"}),
+                "lengths": lengths,
+                "mode": args.mode,
+            }
+        )
+        priced = request.model_copy(update={"profile": Profile.model_validate(profile)})
+        plan = solve(priced, deadline_ms=10_000, use_cpsat=False)
+        layout = LocalLayout.from_plan(plan, rank)
+        tokens_T, labels_T = synthetic_batch(plan_lengths(plan), config.model.vocab, seed=step)
+        backend = TimedAttention(RepackAttention(RepackComm(layout, groups)), timer)
+        runs = []
+        for _ in range(args.step_repeats):  # the same step again: keep its least disturbed run
+            dist.barrier()
+            timer.start()
+            logits = toy(tokens_T[layout.global_index_N], layout.position_ids_N, backend)
+            loss = F.cross_entropy(logits, labels_T[layout.global_index_N], reduction="sum")
+            optimizer.zero_grad()
+            loss.backward()
+            grads = [p.grad for p in toy.parameters() if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])  # one bucket, as DDP would
+            dist.all_reduce(flat)
+            torch._utils._unflatten_dense_tensors(flat, grads)
+            runs.append(timer.finish(plan.plan_id))
+        optimizer.step()
+        m = min(runs, key=lambda r: r.step_time_ms)
+        rows.append({"step": step, "predicted_ms": plan.metrics.step_time_ms, **m.model_dump()})
+        rows[-1]["request"], rows[-1]["plan"] = priced.model_dump_json(), plan.model_dump_json()
+        rows[-1]["layers_sum_ms"] = m.layers.full_ms + m.layers.sparse_ms if m.layers else None
+    return {"profile": profile, "report": fit_report(fitted), "rows": rows}
+
+
+def refit_and_rescore(
+    train: list[dict[str, Any]], held_out: list[dict[str, Any]], key: str
+) -> tuple[list[float], dict[str, float]]:
+    """Fit the profile from measured steps (``key`` as the step time), then predict the
+    held-out steps' plans with it (the layouts they ran with)."""
+    obs = [
+        Observation(
+            PlanRequest.model_validate_json(r["request"]),
+            Plan.model_validate_json(r["plan"]),
+            r[key] / 1e3,
+            r["all_to_all_ms"] / 1e3,
+        )
+        for r in train
+    ]
+    config = FeedbackConfig(min_steps=2, max_change=1e6, window=len(obs))
+    fit = refit(obs, constants_of(obs[0].request), config)
+    out = []
+    for r in held_out:
+        req = with_constants(PlanRequest.model_validate_json(r["request"]), fit.constants)
+        cost = CostModel.from_request(req)
+        p = Plan.model_validate_json(r["plan"])
+        out.append(step_seconds(req, p, cost, SampleCosts.build(cost, req.lengths)) * 1e3)
+    return out, fit.constants
+
+
+def distribution(errors: list[float]) -> str:
+    """Share within 20%, median, deciles and range of (predicted - measured) / measured."""
+    within = sum(abs(e) <= 0.2 for e in errors) / len(errors)
+    q = " ".join(f"{x:+.0%}" for x in statistics.quantiles(errors, n=10))
+    return (
+        f"within 20% {within:.0%}, median {statistics.median(errors):+.1%}, deciles {q}, "
+        f"range {min(errors):+.0%} .. {max(errors):+.0%}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--toy", choices=sorted(TOY_SIZES), default="small")
+    p.add_argument("--mode", default="repack+sizing")
+    p.add_argument("--max-tokens-per-rank", type=int, default=128)
+    p.add_argument("--tokens-per-step", type=int, default=400)
+    p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 384])
+    p.add_argument("--payload-tokens", type=int, nargs="+", default=[16, 256, 1024, 4096])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", default=None, help="write per-step rows here")
+    p.add_argument("--step-repeats", type=int, default=1, help="runs per step (min kept)")
+    p.add_argument("--statistic", choices=["median", "min"], default="median")
+    p.add_argument("--refit-steps", type=int, default=10, help="steps the online refit uses")
+    args = p.parse_args()
+    t0 = time.time()
+    out = run_local_ranks(_rank, args.ranks, args, timeout_s=3600)[0]
+    print(out["report"])
+    print(json.dumps(out["profile"]))
+    print(
+        f"{len(out['rows'])} steps, {args.ranks} ranks ({args.gpus_per_node} per node), "
+        f"{time.time() - t0:.0f} s"
+    )
+    rows = out["rows"]
+    for label, key in (("whole step", "step_time_ms"), ("layers fwd+bwd", "layers_sum_ms")):
+        print(label + ": " + distribution([r["predicted_ms"] / r[key] - 1 for r in rows]))
+        k = args.refit_steps
+        if 2 <= k < len(rows):
+            rescored, fit = refit_and_rescore(rows[:k], rows[k:], key)
+            print(
+                f"  after a refit on steps 0-{k - 1} (held-out steps {k}-{len(rows) - 1}): "
+                + distribution([p / r[key] - 1 for p, r in zip(rescored, rows[k:], strict=True)])
+            )
+            print("  refit constants: " + ", ".join(f"{n} {v:.4g}" for n, v in fit.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""`repack calibrate --name NAME --out PROFILE.json`: measure this cluster, fit a profile.
+
+Launch it like training (``torchrun --nnodes N --nproc-per-node G -m cli.main calibrate ...``,
+any backend) or let it start ``--local-ranks N`` gloo processes itself (``fork``; N = nodes x
+``--gpus-per-node`` simulated on one machine). Rank 0 fits the constants, prints each term's fit
+error and writes the profile file atomically; the other ranks only measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from pydantic import ValidationError
+
+from cli.errors import InputError
+from cli.options import positive_int
+from cli.output import format_table, write_atomic
+from solver.calibration_fit import CalibrationFitError
+from solver.calibration_profile import LINKS, PARTS, FittedProfile, fit_profile, fitted_profile
+from solver.cost_model import CostModel
+from solver.schema import ClusterSpec, ModelSpec
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if len(values) < 2 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected >= 2 positive integers, got {text!r}")
+    return values
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "calibrate",
+        help="measure all-to-all and model parts on this cluster, fit and write a profile",
+        description="Measure all-to-all bandwidth and latency for the planner's group sizes "
+        "(inside and across nodes) and the per-token time of full attention, sliding-window "
+        "attention and the linear/MoE part at several lengths; fit the profile constants by "
+        "least squares, print each term's fit error and write a named profile file.",
+    )
+    p.add_argument("--name", required=True, help="profile name (letters, digits, . _ -)")
+    p.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write")
+    p.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=None,
+        metavar="G",
+        help="ranks per node (default: LOCAL_WORLD_SIZE, else the world size)",
+    )
+    p.add_argument(
+        "--local-ranks",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="start N local gloo ranks instead of joining a torchrun job",
+    )
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend under torchrun")
+    p.add_argument(
+        "--lengths",
+        type=_sizes,
+        default=(64, 128, 256, 512),
+        help="sample lengths for the model parts (comma-separated)",
+    )
+    p.add_argument(
+        "--payload-tokens",
+        type=_sizes,
+        default=(256, 1024, 4096),
+        help="all-to-all payloads in tokens per rank (comma-separated)",
+    )
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per point")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch is imported here, not at module level: `repack solve` must not pay for it.
+    from runtime_client.calibrate import CalibrationConfig, Measurements
+
+    name_ok = args.name.replace(".", "").replace("_", "").replace("-", "")
+    if not name_ok.isalnum() or not args.name[0].isalnum() or len(args.name) > 100:
+        raise InputError(f"--name: {args.name!r} is not a profile name (letters, digits, . _ -)")
+    world = args.local_ranks or int(os.environ.get("WORLD_SIZE", "1"))
+    g = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if world % g != 0 and world > g:
+        raise InputError(f"--gpus-per-node {g} does not divide the {world} ranks")
+    config = CalibrationConfig(
+        gpus_per_node=min(g, world),
+        lengths=args.lengths,
+        payload_tokens=args.payload_tokens,
+        repeats=args.repeats,
+    )
+    measured: Measurements | None = _measure(args, config, world)
+    if measured is None:
+        return 0  # not rank 0: rank 0 reports
+    fitted = _fit(measured, config)
+    print(fit_report(fitted))
+    write_atomic(args.out, json.dumps(profile_document(args.name, fitted), indent=1) + "\n")
+    print(f"profile {args.name!r} written to {args.out}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, config: Any, world: int) -> Any:
+    from runtime_client.calibrate import measure_on_local_ranks, measure_under_launcher
+
+    if args.local_ranks:
+        return measure_on_local_ranks(config, args.local_ranks)
+    return measure_under_launcher(config, args.backend)
+
+
+def toy_model_spec(config: Any, world: int) -> tuple[ClusterSpec, ModelSpec]:
+    """The cluster and model the measurements are interpreted with (the timed model's shapes)."""
+    m = config.model
+    model = ModelSpec(
+        layers=m.layers,
+        pattern=m.pattern,
+        hidden=m.hidden,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        sparse_window=m.window,
+        moe_active_params=m.top_k * 2 * m.hidden * m.ffn,
+        dtype_bytes=4,  # the parts are timed in float32
+    )
+    g = config.gpus_per_node
+    cluster = ClusterSpec(nodes=max(1, world // g), gpus_per_node=g)
+    return cluster, model
+
+
+def _fit(measured: Any, config: Any) -> FittedProfile:
+    cluster, model = toy_model_spec(config, measured.world_size)
+    try:
+        return fit_profile(
+            CostModel.from_specs(cluster, model),
+            measured.all_to_all,
+            measured.compute,
+            peak_tflops=measured.peak_tflops,
+        )
+    except CalibrationFitError as exc:
+        raise InputError(f"the measurements cannot be fitted: {exc}") from exc
+
+
+def fit_report(fitted: FittedProfile) -> str:
+    """One row per term: the fitted constant and how well the fit explains the points."""
+    rows = []
+    for term in (*PARTS, *LINKS):
+        fit = fitted.fits.get(term)
+        if fit is None:
+            rows.append([term, "not measured", "", "", ""])
+            continue
+        if term in PARTS:
+            value = f"{fitted.part_efficiency[term]:.4g} of peak"
+        else:
+            value = f"{fit.rate / 1e9:.4g} GB/s"
+        latency = f"{fit.intercept_s * 1e6:.1f}" if term in LINKS else ""
+        rows.append([term, value, latency, f"{fit.rel_rms_error:.1%}", f"{fit.max_rel_error:.1%}"])
+    header = ["term", "fitted", "latency us", "rms error", "max error"]
+    return f"peak {fitted.peak_tflops:.4g} TFLOP/s per rank\n" + format_table(header, rows)
+
+
+def profile_document(name: str, fitted: FittedProfile) -> dict[str, Any]:
+    """The profile file: the contract's ``Profile`` (what ``--profile FILE`` and
+    ``PUT /v1/profiles/{name}`` take)."""
+    try:
+        return fitted_profile(name, fitted).model_dump(exclude={"version"})
+    except ValidationError as exc:
+        raise InputError(
+            f"the fitted constants are not a valid profile: {exc.errors()[0]['msg']} "
+            f"({exc.errors()[0]['loc'][0]})"
+        ) from exc

@@ -1,0 +1,149 @@
+"""From calibration measurements to profile constants (the fitting half of ``repack calibrate``).
+
+The runtime client's calibrate module times all-to-alls and the model's parts; this
+module turns those times into the constants the cost model reads, using the cost model's own
+formulas for bytes and FLOPs so that a fitted profile predicts exactly what was measured:
+
+* all-to-all: ``seconds = latency + bytes_out / rate``, where ``bytes_out`` is what one rank
+  sends off the node's fast link the way ``CostModel._a2a_formula`` counts it (``(k-1)/k`` of
+  the payload inside a node, the inter-node share across nodes);
+* compute: ``seconds = flops / (peak x efficiency)`` per part (full attention, sliding-window
+  attention, linear/MoE), each part's FLOPs from ``CostModel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solver.calibration_fit import CalibrationFitError, RateFit, fit_rate
+from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
+from solver.profiles import EFFICIENCY_RANGE, Profile
+
+PARTS = ("full_attention", "sparse_attention", "linear")
+LINKS = ("intra", "inter")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllToAllPoint:
+    """One timed ``all_to_all_single``: every group of ``group`` ranks exchanged at once."""
+
+    group: int
+    gpus_per_node: int
+    bytes_per_rank: float
+    """Payload each rank sends (its own slice included)."""
+    seconds: float
+    """Per call, slowest rank."""
+
+    @property
+    def link(self) -> str:
+        return "inter" if self.group > self.gpus_per_node else "intra"
+
+    @property
+    def bytes_out(self) -> float:
+        """Bytes the cost model charges to the link that prices this group."""
+        g, k = self.gpus_per_node, self.group
+        if k > g:
+            return self.bytes_per_rank * (k - g) / k
+        return self.bytes_per_rank * (k - 1) / k
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputePoint:
+    """Forward + backward wall time of one part of one layer on ``length`` tokens of a sample."""
+
+    part: str
+    length: int
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.part not in PARTS:
+            raise ValueError(f"Expected part in {PARTS}, got {self.part!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedProfile:
+    """The fitted constants and each term's fit."""
+
+    peak_tflops: float
+    part_efficiency: dict[str, float]
+    """Achieved share of peak per part."""
+    compute_efficiency: float
+    """One efficiency for all parts (what a single-rate cost model uses): the FLOP-weighted
+    harmonic mean of the parts' rates at the measured lengths."""
+    intra_node_gbps: float
+    inter_node_gbps: float
+    collective_latency_s: float
+    """Fixed seconds per all-to-all call (0 when the data did not ask for one)."""
+    fits: dict[str, RateFit]
+    """Per term (``full_attention``, ..., ``intra``, ``inter``) its fit and errors."""
+
+
+def fitted_profile(name: str, fitted: FittedProfile) -> Profile:
+    """The contract's ``Profile`` of a fit (raises ``ValidationError`` out of range)."""
+    return Profile(
+        name=name,
+        peak_tflops=fitted.peak_tflops,
+        efficiency_full_attention=fitted.part_efficiency["full_attention"],
+        efficiency_sparse_attention=fitted.part_efficiency["sparse_attention"],
+        efficiency_linear=fitted.part_efficiency["linear"],
+        intra_node_gbps=fitted.intra_node_gbps,
+        inter_node_gbps=fitted.inter_node_gbps,
+        collective_latency_us=fitted.collective_latency_s * 1e6,
+    )
+
+
+def part_flops(cost: CostModel, part: str, length: int) -> float:
+    """Forward + backward FLOPs of one layer's ``part`` on one sample, per the cost model."""
+    n = np.array([float(length)])
+    if part == "full_attention":
+        return float(cost.full_attention_flops(n)[0])
+    if part == "sparse_attention":
+        return float(cost.sparse_attention_flops(n)[0])
+    return cost.linear_flops_per_token * float(length)
+
+
+def fit_profile(
+    cost: CostModel,
+    a2a: Sequence[AllToAllPoint],
+    compute: Sequence[ComputePoint],
+    *,
+    peak_tflops: float,
+) -> FittedProfile:
+    """Fit every constant; ``cost`` supplies the model's shapes (FLOPs and bytes formulas)."""
+    fits: dict[str, RateFit] = {}
+    for part in PARTS:
+        pts = [p for p in compute if p.part == part]
+        if len(pts) < 2:
+            raise CalibrationFitError(f"Expected >= 2 lengths measured for {part}, got {len(pts)}.")
+        flops = [part_flops(cost, part, p.length) for p in pts]
+        fits[part] = fit_rate(flops, [p.seconds for p in pts], intercept=False)
+    peak = peak_tflops * FLOPS_PER_TFLOP
+    best = max(f.rate for f in fits.values())
+    worst = min(f.rate for f in fits.values())
+    if best > peak or worst / peak <= EFFICIENCY_RANGE[0]:
+        # A part beat the stated peak (the peak was wrong), or one runs below a profile's
+        # smallest efficiency (a toy model on a CPU core): efficiencies relative to the best part.
+        peak = best
+    total_flops = sum(part_flops(cost, p.part, p.length) for p in compute)
+    total_s = sum(part_flops(cost, p.part, p.length) / fits[p.part].rate for p in compute)
+    for link in LINKS:
+        links = [p for p in a2a if p.link == link]
+        if len(links) >= 2:
+            fits[link] = fit_rate([p.bytes_out for p in links], [p.seconds for p in links])
+    if "intra" not in fits:
+        raise CalibrationFitError("Expected >= 2 intra-node all-to-all measurements.")
+    intra = fits["intra"]
+    inter = fits.get("inter", intra)  # one node: nothing to measure, links alike
+    latencies = [fits[k].intercept_s for k in LINKS if k in fits]
+    return FittedProfile(
+        peak_tflops=peak / FLOPS_PER_TFLOP,
+        part_efficiency={p: fits[p].rate / peak for p in PARTS},
+        compute_efficiency=min(1.0, total_flops / float(total_s) / peak),
+        intra_node_gbps=float(intra.rate / BYTES_PER_GB),
+        inter_node_gbps=float(inter.rate / BYTES_PER_GB),
+        collective_latency_s=float(np.mean(latencies)),
+        fits=fits,
+    )

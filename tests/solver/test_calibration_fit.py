@@ -1,0 +1,165 @@
+"""Calibration fits: known constants recovered from synthetic measurements of the cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solver.calibration_fit import (
+    CalibrationFitError,
+    bounded,
+    fit_rate,
+    huber_weights,
+    robust_multipliers,
+)
+from solver.cost_model import CostModel, SampleCosts
+from solver.planner import plan
+from solver.profile_feedback import (
+    FeedbackConfig,
+    Observation,
+    constants_of,
+    refit,
+    refit_due,
+    with_constants,
+)
+from solver.schema import PlanRequest
+from solver.step_terms import step_terms
+from solver.validate import step_seconds
+
+
+def test_fit_rate_recovers_bandwidth_and_latency() -> None:
+    x = np.array([1e4, 1e5, 1e6, 1e7])
+    y = 50e-6 + x / 2e9
+    fit = fit_rate(x, y)
+    assert fit.rate == pytest.approx(2e9, rel=1e-6)
+    assert fit.intercept_s == pytest.approx(50e-6, rel=1e-6)
+    assert fit.rel_rms_error < 1e-9
+
+
+def test_fit_rate_drops_an_intercept_the_data_does_not_ask_for() -> None:
+    rng = np.random.default_rng(0)
+    x = np.array([1e6, 2e6, 4e6, 8e6, 16e6])
+    y = x / 1e9 * (1 + 0.01 * rng.standard_normal(x.size))
+    fit = fit_rate(x, y)
+    assert fit.intercept_s == 0.0
+    assert fit.rate == pytest.approx(1e9, rel=0.02)
+    assert 0 < fit.rel_rms_error < 0.03
+
+
+def test_fit_rate_refuses_too_few_or_nonpositive_points() -> None:
+    with pytest.raises(CalibrationFitError, match=">= 2 paired points"):
+        fit_rate([1.0], [1.0])
+    with pytest.raises(CalibrationFitError, match="positive"):
+        fit_rate([1.0, 2.0], [0.0, 1.0])
+
+
+def test_robust_multipliers_ignore_an_outlier() -> None:
+    rng = np.random.default_rng(1)
+    terms = [{"a": float(a), "b": float(b)} for a, b in rng.uniform(0.1, 1.0, size=(30, 2))]
+    measured = [2.0 * t["a"] + 0.5 * t["b"] for t in terms]
+    measured[3] *= 5.0  # a straggler step
+    fit = robust_multipliers(terms, measured)
+    assert fit.multipliers["a"] == pytest.approx(2.0, rel=0.02)
+    assert fit.multipliers["b"] == pytest.approx(0.5, rel=0.05)
+    assert fit.outliers >= 1
+
+
+def test_huber_weights_are_one_inside_and_shrink_outside() -> None:
+    r = np.array([0.0, 0.01, -0.01, 0.02, -0.02, 1.0])
+    w = huber_weights(r)
+    assert np.all(w[:5] == 1.0) and w[5] < 0.1
+
+
+def test_a_term_absent_from_the_data_stays_at_one() -> None:
+    terms = [{"a": float(i + 1), "b": 0.0} for i in range(5)]
+    fit = robust_multipliers(terms, [3.0 * t["a"] for t in terms], fixed=["b"])
+    assert fit.multipliers == {"a": pytest.approx(3.0, rel=0.01), "b": 1.0}  # ridge bias
+
+
+def test_bounded_clips_both_ways() -> None:
+    assert bounded(3.0, 1.5) == 1.5 and bounded(0.1, 1.5) == pytest.approx(1 / 1.5)
+    assert bounded(1.2, 1.5) == 1.2
+
+
+# --- closing the loop --------------------------------------------------------------------------
+
+CLUSTER = {"nodes": 2, "gpus_per_node": 8, "max_tokens_per_rank": 4096}
+
+
+def _requests(steps: int, seed: int) -> list[PlanRequest]:
+    """Long-tailed steps on 2 x 8 ranks; every other step has a sample longer than a node holds,
+    so both wide (inter-node) and node-local parents end up critical."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(steps):
+        lengths = [int(n) for n in rng.integers(200, 2500, size=int(rng.integers(4, 9)))]
+        if step % 2 == 0:
+            lengths.append(int(rng.integers(34_000, 50_000)))
+        out.append(
+            PlanRequest.model_validate(
+                {"job_id": "fb", "step": step, "cluster": CLUSTER, "lengths": lengths}
+            )
+        )
+    return out
+
+
+def test_step_terms_sum_to_the_cost_model_step_time() -> None:
+    for req in _requests(4, seed=3):
+        p = plan(req, deadline_ms=2000)
+        cost = CostModel.from_request(req)
+        terms = step_terms(req, p)
+        expected = step_seconds(req, p, cost, SampleCosts.build(cost, req.lengths))
+        assert terms.total == pytest.approx(expected, rel=1e-12)
+        assert terms.dominating in ("compute", "intra", "inter")
+
+
+def test_refit_recovers_halved_bandwidth_within_ten_percent_after_twenty_steps() -> None:
+    """Measurements (step time and all-to-all time) from the cost model with both bandwidths
+    x 0.5, plus 5% noise on each; planned every step with the profile known at the time."""
+    rng = np.random.default_rng(7)
+    requests = _requests(20, seed=11)
+    start = constants_of(requests[0])
+    truth = {
+        **start,
+        "intra_node_gbps": start["intra_node_gbps"] * 0.5,
+        "inter_node_gbps": start["inter_node_gbps"] * 0.5,
+    }
+    config = FeedbackConfig(min_steps=8, refit_every=4, max_change=1.5)
+    current, last, versions = dict(start), 0, 0
+    observations: list[Observation] = []
+    for req in requests:
+        p = plan(with_constants(req, current), deadline_ms=2000)  # planned with what we know
+        true_req = with_constants(req, truth)
+        cost = CostModel.from_request(true_req)
+        true_s = step_seconds(true_req, p, cost, SampleCosts.build(cost, req.lengths))
+        terms = step_terms(true_req, p, cost)
+        noise = 1 + 0.05 * rng.standard_normal(2)
+        observations.append(
+            Observation(req, p, true_s * noise[0], (terms.intra + terms.inter) * noise[1])
+        )
+        if refit_due(len(observations), last, config):
+            result = refit(observations, current, config)
+            for name, value in result.constants.items():  # bounded per refit
+                assert value / current[name] <= 1.5 + 1e-9 and current[name] / value <= 1.5 + 1e-9
+            current, last, versions = result.constants, len(observations), versions + 1
+    assert versions >= 3
+    for name, want in truth.items():
+        assert current[name] == pytest.approx(want, rel=0.10), name
+    assert result.median_abs_error_after < result.median_abs_error_before or (
+        result.median_abs_error_after < 0.06
+    )
+
+
+def test_refit_needs_enough_steps() -> None:
+    req = _requests(1, seed=0)[0]
+    obs = [Observation(req, plan(req, deadline_ms=2000), 1.0)] * 3
+    with pytest.raises(CalibrationFitError, match=">= 8 measured steps"):
+        refit(obs, constants_of(req))
+    assert not refit_due(3, 0, FeedbackConfig())
+    assert refit_due(8, 0, FeedbackConfig()) and not refit_due(10, 8, FeedbackConfig())
+
+
+def test_fit_rate_reads_flat_times_as_latency_only() -> None:
+    fit = fit_rate([1e3, 1e4, 1e5], [2.1e-3, 2e-3, 1.9e-3])  # noise: bigger is faster
+    assert fit.intercept_s == pytest.approx(2e-3, rel=0.05)
+    assert fit.rate >= 1e13  # the size term vanishes
