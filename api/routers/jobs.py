@@ -87,7 +87,7 @@ class StepPage(BaseModel):
 Limit = Annotated[int | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
 
 
-@router.get("", response_model=JobPage, responses=problem_responses(401, 403, 422, 503))
+@router.get("", response_model=JobPage, responses=problem_responses(401, 403, 422, 429, 503))
 async def list_jobs(
     db: DatabaseDep,
     settings: SettingsDep,
@@ -108,7 +108,7 @@ async def list_jobs(
 @router.get(
     "/{job_id}/steps",
     response_model=StepPage,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def list_steps(
     job_id: JobIdPath,
@@ -130,7 +130,9 @@ async def list_steps(
     )
 
 
-@router.delete("/{job_id}", status_code=204, responses=problem_responses(401, 403, 404, 422, 503))
+@router.delete(
+    "/{job_id}", status_code=204, responses=problem_responses(401, 403, 404, 422, 429, 503)
+)
 async def delete_job(job_id: JobIdPath, service: ServiceDep, caller: Caller) -> Response:
     """Delete every stored plan of a job (named and anonymous plans that carry its id).
 

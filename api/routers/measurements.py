@@ -74,7 +74,7 @@ def _check_step(step: int) -> None:
     summary="Report what a step really took",
     responses={
         200: {"model": MeasurementAnswer, "description": "Already stored: a replay."},
-        **problem_responses(400, 409, 413, 422),
+        **problem_responses(400, 401, 403, 409, 413, 422, 429, 503),
     },
 )
 async def post_measurement(
@@ -115,7 +115,7 @@ async def post_measurement(
 @router.get(
     "/{job_id}/measurements",
     summary="Measured vs predicted step times of a job",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def list_measurements(
     job_id: JobId,
@@ -136,7 +136,7 @@ async def list_measurements(
 @router.put(
     "/{job_id}/feedback",
     summary="Opt a job in or out of profile refits",
-    responses=problem_responses(400, 413, 422),
+    responses=problem_responses(400, 401, 403, 413, 422, 429, 503),
 )
 async def put_feedback(
     job_id: JobId, body: FeedbackSettings, request: Request, db: StoreDep, caller: Caller
@@ -157,7 +157,7 @@ async def put_feedback(
 @router.get(
     "/{job_id}/feedback",
     summary="A job's refit settings and fitted profile versions",
-    responses=problem_responses(422),
+    responses=problem_responses(401, 403, 422, 429, 503),
 )
 async def get_feedback(
     job_id: JobId, request: Request, db: StoreDep, caller: Caller

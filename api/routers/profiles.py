@@ -45,7 +45,7 @@ def as_profile(stored: StoredProfile) -> Profile:
     summary="Store a named profile (a new version when its constants changed)",
     responses={
         200: {"model": Profile, "description": "Unchanged: the stored version."},
-        **problem_responses(400, 413, 422),
+        **problem_responses(400, 401, 403, 413, 422, 429, 503),
     },
 )
 async def put_profile(
@@ -75,7 +75,7 @@ async def put_profile(
     "/{name}",
     response_model=Profile,
     summary="A stored profile (its newest version unless one is asked for)",
-    responses=problem_responses(404, 422),
+    responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def get_profile(
     name: ProfileName,

@@ -25,7 +25,9 @@ MAX_EXAMPLES = 100
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     db = tmp_path_factory.mktemp("schemathesis") / "plans.db"
     # A short default deadline keeps generated (possibly large) steps quick.
-    with ServerThread(make_settings(f"sqlite:///{db}", default_deadline_ms=200)) as server:
+    # No rate limit: the generated cases should reach the handlers, not the limiter.
+    server_settings = make_settings(f"sqlite:///{db}", default_deadline_ms=200, rate_limit=None)
+    with ServerThread(server_settings) as server:
         yield server
 
 
