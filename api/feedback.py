@@ -17,11 +17,12 @@ from dataclasses import asdict
 from typing import Any
 
 from api.database import Database
+from api.errors import DatabaseUnavailable
 from api.profile_store import JobProfileRow, ProfileStore
 from api.storage import PlanStore, utcnow
 from solver.calibration_fit import CalibrationFitError
 from solver.measurement_schema import StepMeasurement
-from solver.plan_builder import plan_id_for
+from solver.plan_builder import plan_id_for, request_digest
 from solver.profile_feedback import (
     FeedbackConfig,
     Observation,
@@ -167,7 +168,18 @@ async def resolve_request(
     version), then the job's fitted profile version when the job opted in (and that version)."""
     if request.profile_name is None and (request.job_id is None or request.step is None):
         return request, None
-    return await db.call(_resolve, profiles, request)  # time-bounded like every read
+    digest = request_digest(request)
+    try:
+        resolved = await db.call(_resolve, profiles, request)  # time-bounded like every read
+    except DatabaseUnavailable:
+        # A replay during an outage resolves as it did before, so it is answered from the plan
+        # memory like any replay; a request never resolved here gets the 503.
+        remembered = profiles.resolved.get(digest)
+        if remembered is None:
+            raise
+        return remembered
+    profiles.resolved[digest] = resolved
+    return resolved
 
 
 async def record_planned(
@@ -177,11 +189,19 @@ async def record_planned(
     if request.job_id is None or request.step is None or source != "solved":
         return
     plan_id = plan_id_for(request, request.resolved_mode)
-    await db.call(
-        profiles.record_request,
-        request.job_id,
-        request.step,
-        plan_id,
-        request.model_dump_json(exclude={"deadline_ms"}),
-        version,
-    )
+    try:
+        await db.call(
+            profiles.record_request,
+            request.job_id,
+            request.step,
+            plan_id,
+            request.model_dump_json(exclude={"deadline_ms"}),
+            version,
+        )
+    except DatabaseUnavailable:
+        # Logged once per outage by the database guard; a refit re-prices only recorded steps.
+        logger.info(
+            "step %s of job %r not recorded for refits: database unavailable",
+            request.step,
+            request.job_id,
+        )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from cachetools import LRUCache
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -37,6 +38,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from api.storage import as_utc, utcnow
+from solver.schema import PlanRequest
+
+RESOLVED_MEMO = 4096
+"""Request bodies whose profile resolution is remembered (a few steps of many jobs)."""
 
 
 class ProfileBase(DeclarativeBase):
@@ -119,6 +124,8 @@ class ProfileStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.resolved: LRUCache[str, tuple[PlanRequest, int | None]] = LRUCache(RESOLVED_MEMO)
+        """The last resolution of each request body (by digest), for replays during an outage."""
 
     def create_schema(self) -> None:
         ProfileBase.metadata.create_all(self.engine)
