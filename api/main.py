@@ -44,8 +44,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await run_in_threadpool(open_store, settings.database_url, db_timeouts(settings))
         db = Database(store, settings.db_timeout_ms / 1e3)
-        app.state.profiles = ProfileStore(store.engine)  # profiles, measurements, job feedback
-        await run_in_threadpool(app.state.profiles.create_schema)
+        # profiles, measurements, job feedback: tables of migration 0005, in the same database
+        app.state.profiles = ProfileStore(store.engine)
         pool = SolverPool(
             workers=settings.solver_workers,
             queue_limit=settings.queue_limit,

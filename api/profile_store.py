@@ -127,9 +127,6 @@ class ProfileStore:
         self.resolved: LRUCache[str, tuple[PlanRequest, int | None]] = LRUCache(RESOLVED_MEMO)
         """The last resolution of each request body (by digest), for replays during an outage."""
 
-    def create_schema(self) -> None:
-        ProfileBase.metadata.create_all(self.engine)
-
     # --- named profiles -----------------------------------------------------------------------
     def get_profile(self, name: str, version: int | None = None) -> StoredProfile | None:
         stmt = select(ProfileRow).where(ProfileRow.name == name)

@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from api import migrate
+from api.profile_store import ProfileStore
 from api.storage import PlanKey, PlanStore
 
 
@@ -66,7 +67,24 @@ def test_downgrade_and_upgrade_again(db_url: str) -> None:
     store.close()
 
 
-@pytest.mark.parametrize("revision", ["0002", "0003", "0004"])
+@pytest.mark.parametrize("revision", ["0002", "0003", "0004", "0005"])
 def test_each_migration_has_a_file_in_the_package(revision: str) -> None:
     names = [p.name for p in (migrate.MIGRATIONS / "versions").iterdir()]
     assert any(n.startswith(revision) for n in names)
+
+
+CALIBRATION_TABLES = {"profiles", "step_requests", "measurements", "job_feedback", "job_profiles"}
+
+
+def test_calibration_tables_come_from_migration_0005(db_url: str) -> None:
+    store = PlanStore(db_url)
+    store.migrate()
+    assert set(inspect(store.engine).get_table_names()) >= CALIBRATION_TABLES
+    profiles = ProfileStore(store.engine)  # works on the migrated schema, no create_all
+    stored, created = profiles.put_profile("lab", {"collective_latency_us": 5.0})
+    assert created and profiles.get_profile("lab") == stored
+    migrate.downgrade(store.engine, "0004")
+    assert not CALIBRATION_TABLES & set(inspect(store.engine).get_table_names())
+    store.migrate()
+    assert profiles.get_profile("lab") is None  # the downgrade dropped it; the tables are back
+    store.close()
