@@ -11,7 +11,9 @@ planner when the service is unreachable, which it says), agrees on it, moves the
 their planned ranks with one all-to-all of token ids and yields the rank's tokens, position ids,
 device ``cu_seqlens`` and the step's ``RepackComm``. The model runs full layers through the
 fused all-to-all over the parent and sparse layers with Ulysses over the child, both with the
-varlen attention adapters; gradients are all-reduced over the whole world.
+varlen attention adapters; gradients are all-reduced over the whole world. Every step's
+measured times (step, forward+backward per layer kind, all-to-all; the slowest rank of the
+replica) are posted to the service in the background (``--no-measurements``: not reported).
 
 ``--device cuda`` (one GPU per process, NCCL for the model, gloo for the iterator's host-side
 traffic) is the path for GPU users; the default is CPU + gloo.
@@ -33,7 +35,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from runtime_client.data_iterator import RepackBatch, RepackDataIterator, RepackLoaderConfig
 from runtime_client.groups import GroupConfig, RepackGroups, init_distributed
+from runtime_client.measurements import MeasurementReporter, ReporterConfig
 from runtime_client.plan_client import PlanClient, PlanClientConfig
+from runtime_client.step_timer import StepTimer
 from runtime_client.toy_data import ToySampleSource
 from runtime_client.toy_model import ToyConfig, ToyModel, VarlenRepackAttention
 from solver.schema import ClusterSpec, ModelSpec
@@ -59,6 +63,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--inline", action="store_true", help="no helper thread")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flash"])
+    parser.add_argument(
+        "--no-measurements", action="store_true", help="do not report measured step times"
+    )
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -161,7 +168,22 @@ def run(args: argparse.Namespace) -> None:
             f"{groups.setup_seconds:.2f} s); plan service {args.service_url}; device {device}",
             flush=True,
         )
-    train(args, groups, RepackDataIterator(source, config, groups, client, device=device), device)
+    timer = None if args.no_measurements else StepTimer(sync=device.type == "cuda")
+    reporter = None
+    if timer is not None and rank == 0:
+        reporter = MeasurementReporter(
+            ReporterConfig(service_url=args.service_url, timeout_s=args.timeout_s)
+        )
+    elif timer is None and dist.get_rank() == 0:
+        print("step measurements: not reported (--no-measurements)", flush=True)
+    batches = RepackDataIterator(
+        source, config, groups, client, device=device, timer=timer, reporter=reporter
+    )
+    train(args, groups, batches, device)
+    if reporter is not None:
+        reporter.close()  # waits for the last posts
+        s = reporter.stats
+        print(f"replica {replica} measurements: {s.posted} posted, {s.failed} failed", flush=True)
     stats = [dataclasses.asdict(client.stats) if client else None]
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, stats[0])
@@ -178,6 +200,10 @@ def train(
 ) -> None:
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = ToyModel(CFG).to(device)
+    if batches.timer is not None:
+        batches.timer.attach(
+            model.blocks, [CFG.pattern[i % len(CFG.pattern)] for i in range(CFG.layers)]
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     with batches:
         for step, batch in enumerate(itertools.islice(batches, args.steps)):

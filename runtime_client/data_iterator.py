@@ -21,6 +21,14 @@ lets ``background=True`` run steps 1-4 on a helper thread while the model trains
 path of ``next()`` is then a queue hand-off and the host-to-device copies. With
 ``background=False`` the same steps run inline in ``next()`` (only the HTTP is overlapped).
 
+Measured steps (optional): given a ``StepTimer`` (attached to the model's blocks) on every
+rank, the iterator times each step from the moment ``next()`` returns its batch to the moment
+``next()`` is called again (or the ``with`` block ends), times the batch's all-to-alls, and
+max-reduces the times over the domain (``finish``: one small all-reduce per step on the domain
+group, on the caller's thread). The rank given a ``MeasurementReporter`` (the domain's first)
+posts them in the background; failures are logged, never raised into training. Without a
+reporter there the times are not sent anywhere (said once in the log).
+
 Checkpointing (``Stateful``): ``state_dict()`` holds the next step to yield and, when the
 user's iterable is stateful itself, *its* state from just before that step's batch was pulled
 (the wrapper reads ahead, so the iterable's current state would skip batches).
@@ -32,6 +40,7 @@ same layouts.
 from __future__ import annotations
 
 import copy
+import logging
 import queue
 import threading
 from collections import deque
@@ -46,9 +55,11 @@ from runtime_client.agreement import agreed_layout, fetch_agreed_plan
 from runtime_client.all_to_all import RepackComm
 from runtime_client.batches import LocalSamples, RepackBatch, RepackLoaderConfig
 from runtime_client.groups import RepackGroups
+from runtime_client.measurements import MeasurementReporter
 from runtime_client.packed_seq import PackedSeqParams
 from runtime_client.plan_client import PlanClient
 from runtime_client.reroute import gather_lengths, reroute_plan, reroute_rows
+from runtime_client.step_timer import StepTimer, time_exchanges
 from solver.schema import PlanRequest
 
 __all__ = [
@@ -58,6 +69,8 @@ __all__ = [
     "RepackLoaderConfig",
     "control_group_for",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,12 +97,16 @@ class RepackDataIterator(Iterator[RepackBatch]):
         *,
         control_group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        timer: StepTimer | None = None,
+        reporter: MeasurementReporter | None = None,
     ) -> None:
         """``client``: needed on ``config.src`` (broadcast) or every rank (verify), else None.
         ``control_group``: a gloo group over the domain's ranks, used by nothing else (the helper
         thread's collectives must not interleave with training's); None = ``control_group_for``
         the groups' domain, created here (collective over the world: every rank of every
-        replica constructs its iterator at the same point)."""
+        replica constructs its iterator at the same point). ``timer``: on every rank of the
+        domain or on none (its ``finish`` is collective); ``reporter``: on the rank that posts
+        the measurements (the domain's first), None elsewhere."""
         self.config, self.groups, self.client = config, groups, client
         if control_group is None:
             control_group = control_group_for(groups.domain)
@@ -113,6 +130,10 @@ class RepackDataIterator(Iterator[RepackBatch]):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ended = False
+        self.timer, self.reporter = timer, reporter
+        self._measuring: RepackBatch | None = None  # the step being timed
+        if timer is not None and reporter is None and self.rank == 0:
+            logger.info("no measurement service configured: step times are not reported")
 
     # -- Stateful ----------------------------------------------------------------------------
 
@@ -148,6 +169,7 @@ class RepackDataIterator(Iterator[RepackBatch]):
     def __next__(self) -> RepackBatch:
         if self._ended:
             raise StopIteration
+        self._finish_measured()  # the previous step ends when the next batch is asked for
         self._start()
         # Background: a queue hand-off; inline: the step's collectives run here.
         item: RepackBatch | _End | BaseException
@@ -169,7 +191,24 @@ class RepackDataIterator(Iterator[RepackBatch]):
             self._next_step = item.step + 1
             for step in [s for s in self._source_states if s <= item.step]:
                 del self._source_states[step]
+        if self.timer is not None:
+            time_exchanges(batch.comm, self.timer)
+            self._measuring = batch
+            self.timer.start()
         return batch
+
+    def _finish_measured(self) -> None:
+        """Max-reduce the open step's times over the domain (collective) and queue the post.
+        Errors are logged, never raised: measuring must not stop training."""
+        batch, self._measuring = self._measuring, None
+        if batch is None or self.timer is None:
+            return
+        try:
+            measured = self.timer.finish(batch.plan.plan_id, group=self.groups.domain_group)
+            if self.reporter is not None:
+                self.reporter.report(self.config.job_id, batch.step, measured)
+        except Exception as exc:  # a lost measurement is only logged, never raised
+            logger.warning("measurement of step %d not reported: %s", batch.step, exc)
 
     def close(self) -> None:
         """Stop the helper thread: it finishes the step it is on, which every rank also
@@ -182,7 +221,9 @@ class RepackDataIterator(Iterator[RepackBatch]):
     def __enter__(self) -> RepackDataIterator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:  # every rank leaves the loop here: the last step's collective
+            self._finish_measured()
         self.close()
 
     def _start(self) -> None:

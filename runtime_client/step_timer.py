@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from runtime_client.all_to_all import RepackComm
+from runtime_client.groups import collective_device
 from runtime_client.toy_model import RepackAttention, varlen_attention
 from solver.measurement_schema import LayerTimes, StepMeasurement
 
@@ -86,15 +88,19 @@ class StepTimer:
         self._open.clear()
         self._t0 = self.now()
 
-    def finish(self, plan_id: str | None = None) -> StepMeasurement:
-        """The step's measurement, max-reduced over the ranks (collective: every rank calls)."""
+    def finish(
+        self, plan_id: str | None = None, *, group: dist.ProcessGroup | None = None
+    ) -> StepMeasurement:
+        """The step's measurement, max-reduced over ``group``'s ranks (None = the world;
+        collective: every rank of the group calls)."""
         step_s = self.now() - self._t0
         a2a_s = self.a2a_forward_s * (1.0 + BACKWARD_EXCHANGES_PER_FORWARD)
         values = torch.tensor([step_s, self.layer_s["F"], self.layer_s["S"], a2a_s])
         ranks = 1
         if dist.is_initialized():
-            dist.all_reduce(values, op=dist.ReduceOp.MAX)
-            ranks = dist.get_world_size()
+            values = values.to(collective_device(group))
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+            ranks = dist.get_world_size(group)
         step, full, sparse, a2a = (float(v) * 1e3 for v in values)
         return StepMeasurement(
             step_time_ms=max(step, 1e-6),
@@ -103,6 +109,28 @@ class StepTimer:
             plan_id=plan_id,
             ranks=ranks,
         )
+
+
+EXCHANGES = ("to_full", "to_child", "child_to_heads", "child_to_sequence")
+
+
+def time_exchanges(comm: RepackComm, timer: StepTimer) -> RepackComm:
+    """Time ``comm``'s four forward exchanges into ``timer`` (in place, returns ``comm``), for
+    attention backends that take a ``RepackComm`` (``VarlenRepackAttention``); the comm is the
+    step's own, made by the data iterator, so nothing else sees the wrapping."""
+    for name in EXCHANGES:
+        setattr(comm, name, _timed_call(getattr(comm, name), timer))
+    return comm
+
+
+def _timed_call(fn: Any, timer: StepTimer) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = timer.now()
+        out = fn(*args, **kwargs)
+        timer.a2a_forward_s += timer.now() - t0
+        return out
+
+    return timed
 
 
 class TimedAttention:

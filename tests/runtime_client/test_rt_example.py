@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from api.server import ServerThread, free_port
@@ -29,12 +30,14 @@ def service(tmp_path: Path) -> Iterator[ServerThread]:
     server.stop()
 
 
-def _train(url: str, ranks: int, replicas: int, steps: int) -> subprocess.CompletedProcess[str]:
+def _train(
+    url: str, ranks: int, replicas: int, steps: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
     cmd = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
         *("--nproc-per-node", str(ranks), str(ROOT / "examples" / "train_toy.py")),
         *("--service-url", url, "--steps", str(steps), "--replicas", str(replicas)),
-        *("--gpus-per-node", "2", "--retries", "0"),
+        *("--gpus-per-node", "2", "--retries", "0", *extra),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
@@ -49,7 +52,7 @@ def _replica_lines(stdout: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_replicas_train_through_the_iterator_with_a_service(service: ServerThread) -> None:
-    done = _train(service.url, ranks=4, replicas=2, steps=3)
+    done = _train(service.url, 4, 2, 3, "--job-id", "example")
     assert "4 ranks = 2 replicas x 2" in done.stdout
     steps = [line for line in done.stdout.splitlines() if re.fullmatch(r"step \d+", line)]
     assert steps == ["step 0", "step 1", "step 2"], done.stdout
@@ -61,6 +64,13 @@ def test_two_replicas_train_through_the_iterator_with_a_service(service: ServerT
     assert all(0 < x < 10 for x in losses)
     assert "predicted" in lines[0] and "0 from the fallback planner" in done.stdout
     assert "NOTE" not in done.stdout
+    # Every step's measured times are stored once per replica's job, beside its plan.
+    for replica in (0, 1):
+        assert f"replica {replica} measurements: 3 posted, 0 failed" in done.stdout
+        listed = httpx.get(f"{service.url}/v1/jobs/example-r{replica}/measurements").json()
+        assert [s["step"] for s in listed["steps"]] == [0, 1, 2]
+        assert all(s["layers"]["full_ms"] > 0 and s["all_to_all_ms"] > 0 for s in listed["steps"])
+        assert all(s["predicted_ms"] is not None for s in listed["steps"])
 
 
 @pytest.mark.slow
@@ -75,3 +85,4 @@ def test_without_a_service_the_example_falls_back_and_says_so() -> None:
     assert "0 from the service" in done.stdout
     assert "NOTE: the service at" in done.stdout and "fallback planner" in done.stdout
     assert "using the local planner" in done.stderr
+    assert "replica 0 measurements: 0 posted, 2 failed" in done.stdout  # counted, not raised
