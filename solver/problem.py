@@ -71,6 +71,11 @@ class Problem:
     def _bound_cache(self) -> dict[int, tuple[float, ...]]:
         return {}
 
+    @cached_property
+    def memo(self) -> dict[tuple[object, ...], float]:
+        """Results of pure functions of this problem, keyed by (function name, arguments)."""
+        return {}
+
     def single_choices(self, size: int) -> tuple[tuple[float, int], ...]:
         """Per sample: ``(time, tokens on its busiest rank)`` in the child that
         ``single_bounds`` picks (``(inf, 0)`` if none). Memoised per size: every planner stage
