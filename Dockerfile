@@ -7,6 +7,8 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY solver ./solver
+# solver/scenarios links to the top-level scenarios/: the wheel holds the files themselves.
+COPY scenarios ./scenarios
 COPY api ./api
 COPY cli ./cli
 COPY runtime_client ./runtime_client
