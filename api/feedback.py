@@ -174,11 +174,13 @@ async def resolve_request(
     except DatabaseUnavailable:
         # A replay during an outage resolves as it did before, so it is answered from the plan
         # memory like any replay; a request never resolved here gets the 503.
-        remembered = profiles.resolved.get(digest)
-        if remembered is None:
+        if digest not in profiles.resolved:
             raise
-        return remembered
-    profiles.resolved[digest] = resolved
+        remembered = profiles.resolved[digest]
+        return (request, None) if remembered is None else remembered
+    # Most requests resolve to themselves: remember only that (a few bytes, not the request),
+    # else a busy service would hold thousands of requests' lengths here.
+    profiles.resolved[digest] = None if resolved[0] is request else resolved
     return resolved
 
 

@@ -40,7 +40,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from api.storage import as_utc, utcnow
 from solver.schema import PlanRequest
 
-RESOLVED_MEMO = 4096
+RESOLVED_MEMO = 1024
 """Request bodies whose profile resolution is remembered (a few steps of many jobs)."""
 
 
@@ -124,8 +124,11 @@ class ProfileStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self.resolved: LRUCache[str, tuple[PlanRequest, int | None]] = LRUCache(RESOLVED_MEMO)
-        """The last resolution of each request body (by digest), for replays during an outage."""
+        self.resolved: LRUCache[str, tuple[PlanRequest, int | None] | None] = LRUCache(
+            RESOLVED_MEMO
+        )
+        """The last resolution of each request body (by digest; None: the body itself), for
+        replays during an outage."""
 
     # --- named profiles -----------------------------------------------------------------------
     def get_profile(self, name: str, version: int | None = None) -> StoredProfile | None:
