@@ -82,7 +82,24 @@ def varlen_attention(
     cu_seqlens: Sequence[int],
     window: int | None,
 ) -> torch.Tensor:
-    """Causal attention inside each sample of a packed sequence; optional sliding window."""
+    """Causal attention inside each sample of a packed sequence; optional sliding window.
+
+    Full attention loops over samples (each sample's ``L x L`` scores: the sum of squares the
+    cost model prices, never a ``T x T`` matrix). Sliding-window attention has no loop at all
+    (``windowed_attention``): its work is ``T x window``, as the cost model prices it."""
+    if window is not None:
+        return windowed_attention(q_THD, k_TKD, v_TKD, cu_seqlens, window)
+    return per_sample_attention(q_THD, k_TKD, v_TKD, cu_seqlens, None)
+
+
+def per_sample_attention(
+    q_THD: torch.Tensor,
+    k_TKD: torch.Tensor,
+    v_TKD: torch.Tensor,
+    cu_seqlens: Sequence[int],
+    window: int | None,
+) -> torch.Tensor:
+    """The reference: one masked ``L x L`` attention per sample (a Python loop)."""
     _, heads, dim = q_THD.shape
     rep = heads // k_TKD.shape[1]  # local query heads per local KV head
     outs = []
@@ -101,6 +118,39 @@ def varlen_attention(
     if not outs:  # no samples here: keep the graph connected so backward collectives still run
         return q_THD * 0.0
     return torch.cat(outs, dim=0)
+
+
+def windowed_attention(
+    q_THD: torch.Tensor,
+    k_TKD: torch.Tensor,
+    v_TKD: torch.Tensor,
+    cu_seqlens: Sequence[int],
+    window: int,
+) -> torch.Tensor:
+    """Sliding-window causal attention over a packed sequence without a per-sample loop:
+    each token gathers the ``window`` keys ending at itself and masks those before its
+    sample's start, so the work is ``T x window`` (``T x T`` never exists)."""
+    total, heads, dim = q_THD.shape
+    if total == 0:
+        return q_THD * 0.0
+    rep = heads // k_TKD.shape[1]
+    device = q_THD.device
+    cu = torch.as_tensor(list(cu_seqlens), device=device)
+    lengths = cu[1:] - cu[:-1]
+    start_T = torch.repeat_interleave(cu[:-1], lengths)  # first token of each token's sample
+    w = min(window, total)
+    idx_TW = (
+        torch.arange(total, device=device).unsqueeze(1) - (w - 1) + torch.arange(w, device=device)
+    )
+    allowed_TW = idx_TW >= start_T.unsqueeze(1)
+    idx_TW = idx_TW.clamp(min=0)
+    k_TWKD, v_TWKD = k_TKD[idx_TW], v_TKD[idx_TW]
+    q_TKRD = q_THD.view(total, -1, rep, dim)  # query heads grouped by their KV head
+    scores_TKRW = torch.einsum("tkrd,twkd->tkrw", q_TKRD, k_TWKD) / math.sqrt(dim)
+    mask = ~allowed_TW.view(total, 1, 1, w)
+    probs_TKRW = scores_TKRW.masked_fill(mask, float("-inf")).softmax(dim=-1)
+    o_TKRD = torch.einsum("tkrw,twkd->tkrd", probs_TKRW, v_TWKD)
+    return o_TKRD.reshape(total, heads, dim)
 
 
 class AttentionBackend(Protocol):
