@@ -19,7 +19,7 @@ from typing import Any
 from api.database import Database
 from api.errors import DatabaseUnavailable
 from api.profile_store import JobProfileRow, ProfileStore
-from api.storage import PlanStore, utcnow
+from api.storage import PlanKey, PlanStore, utcnow
 from solver.calibration_fit import CalibrationFitError
 from solver.measurement_schema import StepMeasurement
 from solver.plan_builder import plan_id_for, request_digest
@@ -52,7 +52,8 @@ def resolve_for_job(profiles: ProfileStore, request: PlanRequest) -> tuple[PlanR
     version = profiles.job_profile_for_step(request.job_id, request.step)
     if version is None:
         return request, None
-    return with_constants(request, json.loads(version.body)), version.version
+    constants = {**json.loads(version.body), "job_version": version.version}
+    return with_constants(request, constants), version.version
 
 
 def _observations(
@@ -147,9 +148,9 @@ def feedback_view(profiles: ProfileStore, job_id: str) -> dict[str, Any]:
     }
 
 
-def _lookup(profiles: ProfileStore) -> ProfileLookup:
+def _lookup(profiles: ProfileStore, version: int | None = None) -> ProfileLookup:
     def lookup(name: str) -> Profile | None:
-        stored = profiles.get_profile(name)
+        stored = profiles.get_profile(name, version)
         if stored is None:
             return None
         return Profile.model_validate({**stored.body, "name": name, "version": stored.version})
@@ -157,8 +158,29 @@ def _lookup(profiles: ProfileStore) -> ProfileLookup:
     return lookup
 
 
-def _resolve(profiles: ProfileStore, request: PlanRequest) -> tuple[PlanRequest, int | None]:
-    return resolve_for_job(profiles, with_named_profile(request, _lookup(profiles)))
+def answered_profile_version(plans: PlanStore, request: PlanRequest) -> int | None:
+    """The named profile's version an already-answered job step was planned with.
+
+    A retry of that step must resolve ``profile_name`` as the first request did, even if the
+    profile was replaced since: otherwise its digest changes and the retry becomes a 409
+    instead of replaying the stored plan. The plan body names its profile (``Plan.profile``)."""
+    if request.profile_name is None or request.profile is not None:
+        return None
+    if request.job_id is None or request.step is None:
+        return None  # an anonymous key is the digest itself: a new version is a new plan
+    stored = plans.get_key(PlanKey("named", plan_id_for(request, request.resolved_mode)))
+    if stored is None:
+        return None
+    block = json.loads(stored.body).get("profile") or {}
+    version = block.get("version")
+    return version if block.get("name") == request.profile_name and version else None
+
+
+def _resolve(
+    profiles: ProfileStore, plans: PlanStore, request: PlanRequest
+) -> tuple[PlanRequest, int | None]:
+    lookup = _lookup(profiles, answered_profile_version(plans, request))
+    return resolve_for_job(profiles, with_named_profile(request, lookup))
 
 
 async def resolve_request(
@@ -170,7 +192,8 @@ async def resolve_request(
         return request, None
     digest = request_digest(request)
     try:
-        resolved = await db.call(_resolve, profiles, request)  # time-bounded like every read
+        # Time-bounded like every read.
+        resolved = await db.call(_resolve, profiles, db.store, request)
     except DatabaseUnavailable:
         # A replay during an outage resolves as it did before, so it is answered from the plan
         # memory like any replay; a request never resolved here gets the 503.

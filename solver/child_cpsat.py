@@ -78,7 +78,7 @@ class ChildModel:
         full_s = sum(problem.full_s[s] for s in members)
         # (the per-collective latency of the children is left out: the bound stays a bound)
         self.full_const_s = (
-            cost.full_layers * full_s / size + cost.full_layers * cost.collective_seconds(size)
+            cost.full_layers * full_s / size + cost.full_layers * cost.layer_fixed_seconds(size)
         )
         self.full_per_token_s = cost.full_layers * (
             cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)

@@ -10,8 +10,10 @@ per sparse layer, and a parent of size ``P`` takes, per full layer,
     full_attention(S) / P + max_rank_tokens * (linear_per_token + a2a_per_token(P)).
 
 Every group of more than one rank also pays ``COLLECTIVES_PER_LAYER`` times the profile's fixed
-latency per collective (0 in the default profile, which reproduces the design's numbers). Full
-attention, sliding-window attention and the linear/MoE part each run at their own share of peak.
+latency per collective, every layer the profile's fixed compute overhead, and every sample a fixed
+time per layer kind spread over its group (all 0 in the default profile, which reproduces the
+design's numbers). Full attention, sliding-window attention and the linear/MoE part each run at
+their own share of peak.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class CostModel:
     inter_bytes_per_s: float
     collective_latency_s: float
     """Fixed time of one all-to-all call."""
+    layer_overhead_s: float = 0.0
+    """Fixed compute time of one layer on a rank (launch / dispatch overhead)."""
+    sample_full_s: float = 0.0
+    """Fixed time per sample of a full layer, on one rank (divided by the group like FLOPs)."""
+    sample_sparse_s: float = 0.0
+    """Fixed time per sample of a sparse layer, on one rank."""
     max_tokens_per_rank: int
 
     @classmethod
@@ -93,6 +101,7 @@ class CostModel:
         peak = cluster.peak_tflops * FLOPS_PER_TFLOP
         full_eff = sparse_eff = linear_eff = eff
         intra, inter, latency_us = cluster.intra_node_gbps, cluster.inter_node_gbps, 0.0
+        layer_us = sample_full_us = sample_sparse_us = 0.0
         if profile is not None:
             peak = profile.peak_tflops * FLOPS_PER_TFLOP
             full_eff = profile.efficiency_full_attention
@@ -100,6 +109,9 @@ class CostModel:
             linear_eff = profile.efficiency_linear
             intra, inter = profile.intra_node_gbps, profile.inter_node_gbps
             latency_us = profile.collective_latency_us
+            layer_us = profile.layer_overhead_us
+            sample_full_us = profile.sample_overhead_us_full
+            sample_sparse_us = profile.sample_overhead_us_sparse
         attn_proj_params = (
             model.hidden * (model.heads + 2 * model.kv_heads) * model.head_dim
             + model.heads * model.head_dim * model.hidden
@@ -123,6 +135,9 @@ class CostModel:
             intra_bytes_per_s=intra * BYTES_PER_GB,
             inter_bytes_per_s=inter * BYTES_PER_GB,
             collective_latency_s=latency_us * SECONDS_PER_US,
+            layer_overhead_s=layer_us * SECONDS_PER_US,
+            sample_full_s=sample_full_us * SECONDS_PER_US,
+            sample_sparse_s=sample_sparse_us * SECONDS_PER_US,
             max_tokens_per_rank=cluster.max_tokens_per_rank,
         )
 
@@ -165,9 +180,11 @@ class CostModel:
         intra = bpt * (min(group, self.gpus_per_node) - 1) / group / self.intra_bytes_per_s
         return max(inter, intra)
 
-    def collective_seconds(self, group: int) -> float:
-        """Fixed latency one layer pays for its all-to-all calls in a group of ``group``."""
-        return COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
+    def layer_fixed_seconds(self, group: int) -> float:
+        """Fixed time of one layer in a group of ``group`` ranks: its all-to-all calls' latency
+        (groups of > 1) and the per-layer compute overhead (0 and 0 by default)."""
+        latency = COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
+        return latency + self.layer_overhead_s
 
     @functools.cached_property
     def linear_seconds_per_token(self) -> float:
@@ -201,8 +218,8 @@ class SampleCosts:
         )
         return cls(
             tokens=tokens,
-            full_s=full / cost.full_flops_per_s,
-            sparse_s=sparse / cost.sparse_flops_per_s,
+            full_s=full / cost.full_flops_per_s + cost.sample_full_s,
+            sparse_s=sparse / cost.sparse_flops_per_s + cost.sample_sparse_s,
             model_flops=model_flops,
         )
 
@@ -211,7 +228,7 @@ def full_layer_seconds(cost: CostModel, size: int, full_s: float, max_tokens: in
     """One full layer of a parent: attention spread over P, the busiest rank's linear work and
     its to_full + to_child all-to-all."""
     per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
-    return full_s / size + max_tokens * per_token + cost.collective_seconds(size)
+    return full_s / size + max_tokens * per_token + cost.layer_fixed_seconds(size)
 
 
 def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int) -> float:
@@ -219,7 +236,7 @@ def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int
     if tokens == 0:
         return 0.0
     per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
-    return sparse_s / size + ceil_div(tokens, size) * per_token + cost.collective_seconds(size)
+    return sparse_s / size + ceil_div(tokens, size) * per_token + cost.layer_fixed_seconds(size)
 
 
 def parent_seconds(

@@ -76,12 +76,12 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
         for size in {1 << i for i in range(cost.world_size.bit_length())}
     }
     # Per parent size: the fixed latency of its full layers' all-to-all calls (0 by default).
-    latency = {size: nf * cost.collective_seconds(size) for size in coef}
+    latency = {size: nf * cost.layer_fixed_seconds(size) for size in coef}
 
     def baseline(size: int, full: float, sparse: float, tokens: int, _: float) -> float:
         inv, full_tok, sparse_tok = coef[size]
         n = ceil_div(tokens, size)
-        unrepacked_latency = latency[size] + ns * cost.collective_seconds(size)
+        unrepacked_latency = latency[size] + ns * cost.layer_fixed_seconds(size)
         return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok) + unrepacked_latency
 
     def repack(size: int, full: float, sparse: float, tokens: int, single: float) -> float:

@@ -15,6 +15,7 @@ from solver.schema import (
     Mode,
     ParentOut,
     Plan,
+    PlanProfile,
     PlanRequest,
     SplitSizes,
     Status,
@@ -137,6 +138,7 @@ def build_plan(
         cu_seqlens=[_cu_seqlens(p, tokens_of) for p in layout],
         all_to_all=_split_sizes(layout, tokens),
         metrics=metrics,
+        profile=PlanProfile.of(request),
     )
 
 

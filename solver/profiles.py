@@ -67,6 +67,12 @@ class Profile(BaseModel):
     version: StrictInt | None = Field(
         None, ge=1, description="Version of a stored profile (set by the service), if any."
     )
+    job_version: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="Version of the job's refitted constants that replaced this profile's "
+        "(set by the service for a job that opted in to feedback), if any.",
+    )
     peak_tflops: PositiveTflops = Field(989.0, description="Peak dense TFLOP/s per GPU.")
     efficiency_full_attention: Efficiency = Field(
         0.55, description="Achieved share of peak in full (causal) attention."
@@ -83,6 +89,21 @@ class Profile(BaseModel):
     )
     collective_latency_us: LatencyUs = Field(
         0.0, description="Fixed time of one all-to-all call, on top of its bytes / bandwidth."
+    )
+    layer_overhead_us: LatencyUs = Field(
+        0.0,
+        description="Fixed compute time of one layer (forward + backward) on a rank, whatever "
+        "its tokens: kernel launches, framework dispatch (v1 addition; 0 by default).",
+    )
+    sample_overhead_us_full: LatencyUs = Field(
+        0.0,
+        description="Fixed time per sample of one full-attention layer, spread over the group "
+        "like the attention's own work (v1 addition; 0 by default).",
+    )
+    sample_overhead_us_sparse: LatencyUs = Field(
+        0.0,
+        description="Fixed time per sample of one sliding-window layer, spread like "
+        "``sample_overhead_us_full`` (v1 addition; 0 by default).",
     )
 
 

@@ -14,9 +14,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -429,6 +431,25 @@ class Metrics(BaseModel):
     stopped_by: StoppedBy | None = None
 
 
+class PlanProfile(BaseModel):
+    """Which profile priced a plan (v1 addition): enough to find its exact constants again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., description="The profile's name (``cluster`` for a cluster's own).")
+    version: int | None = Field(None, description="Version of the stored named profile.")
+    job_version: int | None = Field(
+        None, description="Version of the job's refitted constants (opted-in jobs)."
+    )
+
+    @classmethod
+    def of(cls, request: PlanRequest) -> PlanProfile | None:
+        """The profile block of a request's plan; None when the request carries no profile
+        (planned with its cluster's constants, whose values the request itself states)."""
+        p = request.profile
+        return None if p is None else cls(name=p.name, version=p.version, job_version=p.job_version)
+
+
 class Plan(BaseModel):
     """The layout of one step (contract v1). More fields may be added, never renamed."""
 
@@ -446,3 +467,15 @@ class Plan(BaseModel):
     cu_seqlens: list[list[int]]
     all_to_all: AllToAll
     metrics: Metrics
+    profile: PlanProfile | None = Field(
+        None,
+        description="The profile the plan was priced with (absent: the cluster's constants).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_profile(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan without a profile serialises exactly as before the field existed."""
+        data: dict[str, Any] = handler(self)
+        if data.get("profile", 0) is None:
+            del data["profile"]
+        return data

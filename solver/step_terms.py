@@ -53,7 +53,7 @@ def _a2a_terms(cost: CostModel, group: int, tokens: int) -> tuple[float, float]:
 def _layer(cost: CostModel, size: int, attn_s: float, tokens: int) -> StepTerms:
     intra, inter = _a2a_terms(cost, size, tokens)
     compute = attn_s / size + tokens * cost.linear_seconds_per_token
-    return StepTerms(compute, intra, inter, cost.collective_seconds(size))
+    return StepTerms(compute, intra, inter, cost.layer_fixed_seconds(size))
 
 
 def parent_terms(

@@ -65,3 +65,28 @@ def test_a_request_naming_a_stored_profile_is_planned_with_it(client: httpx.Clie
     unknown = client.post("/v1/plans", json=small_request("named", 1, profile_name="nope"))
     assert unknown.status_code == 422
     assert unknown.json()["errors"][0]["location"] == "body.profile_name"
+
+
+def test_a_plan_names_the_profile_version_it_was_planned_with(client: httpx.Client) -> None:
+    client.put("/v1/profiles/slow-net", json=SLOW_NET)
+    client.put("/v1/profiles/slow-net", json={**SLOW_NET, "inter_node_gbps": 2.0})
+    served = client.post("/v1/plans", json=small_request("named", 0, profile_name="slow-net"))
+    assert served.status_code == 200, served.text
+    assert served.json()["profile"] == {"name": "slow-net", "version": 2, "job_version": None}
+    plain = client.post("/v1/plans", json=small_request("named", 1))
+    assert "profile" not in plain.json()  # no profile asked for: the body is as before
+
+
+def test_replacing_a_named_profile_does_not_turn_a_retry_into_a_409(
+    client: httpx.Client,
+) -> None:
+    client.put("/v1/profiles/slow-net", json=SLOW_NET)
+    body = small_request("named", 0, profile_name="slow-net")
+    first = client.post("/v1/plans", json=body)
+    assert first.status_code == 200, first.text
+    client.put("/v1/profiles/slow-net", json={**SLOW_NET, "inter_node_gbps": 2.0})
+    retry = client.post("/v1/plans", json=body)
+    assert retry.status_code == 200, retry.text
+    assert retry.content == first.content  # the stored plan, replayed byte for byte
+    after = client.post("/v1/plans", json=small_request("named", 1, profile_name="slow-net"))
+    assert after.json()["profile"]["version"] == 2  # the next step uses the new version

@@ -131,6 +131,8 @@ def test_opted_in_job_refits_its_profile_and_plans_with_it(client: httpx.Client)
     # The next step is planned with the newest version, and the stored comparison says so.
     planned = client.post("/v1/plans", json=_request(20))
     assert planned.headers["x-repack-job-profile-version"] == str(versions[-1]["version"])
+    # ... and so does the plan's body (the header is a convenience, the body is the record).
+    assert planned.json()["profile"]["job_version"] == versions[-1]["version"]
     replay = client.post("/v1/plans", json=_request(20))  # a retry: same bytes, same version
     assert replay.content == planned.content
     assert replay.headers["x-repack-job-profile-version"] == str(versions[-1]["version"])

@@ -175,6 +175,8 @@ def test_default_profile_plans_like_no_profile() -> None:
     plans = [json.loads(canonical_json(plan(r), drop_timing=True)) for r in (req, inline)]
     for p in plans:
         p.pop("plan_id")
+    assert "profile" not in plans[0]  # no profile asked for: the body is as before
+    assert plans[1].pop("profile") == {"name": "default", "version": None, "job_version": None}
     assert plans[0] == plans[1]
 
 
@@ -201,10 +203,10 @@ def test_collective_latency(toy: CostModel) -> None:
     forward and backward); a rank alone pays none; an empty child runs nothing."""
     profile = TOY_PROFILE.model_copy(update={"collective_latency_us": 3.0})
     slow = CostModel.from_specs(TOY_CLUSTER, TOY_MODEL, profile)
-    assert slow.collective_seconds(2) == pytest.approx(12e-6)
-    assert slow.collective_seconds(1) == 0.0
+    assert slow.layer_fixed_seconds(2) == pytest.approx(12e-6)
+    assert slow.layer_fixed_seconds(1) == 0.0
     for k in (1, 2):
-        want = child_layer_seconds(toy, k, 1e-6, 7) + slow.collective_seconds(k)
+        want = child_layer_seconds(toy, k, 1e-6, 7) + slow.layer_fixed_seconds(k)
         assert child_layer_seconds(slow, k, 1e-6, 7) == pytest.approx(want, rel=1e-12)
     assert child_layer_seconds(slow, 2, 0.0, 0) == 0.0
     children = [(2, 14400 / 5e11, 20), (1, 1200 / 5e11, 5)]
