@@ -157,17 +157,22 @@ def fit_report(fitted: FittedProfile) -> str:
             value = f"{fitted.part_efficiency[term]:.4g} of peak"
         else:
             value = f"{fit.rate / 1e9:.4g} GB/s"
-        latency = f"{fit.intercept_s * 1e6:.1f}" if term in LINKS else ""
-        rows.append([term, value, latency, f"{fit.rel_rms_error:.1%}", f"{fit.max_rel_error:.1%}"])
-    header = ["term", "fitted", "latency us", "rms error", "max error"]
-    return f"peak {fitted.peak_tflops:.4g} TFLOP/s per rank\n" + format_table(header, rows)
+        fixed = f"{fit.intercept_s * 1e6:.1f}"
+        per_sample = f"{fit.per_item_s * 1e6:.1f}" if term in PARTS else ""
+        errors = [f"{fit.rel_rms_error:.1%}", f"{fit.max_rel_error:.1%}"]
+        rows.append([term, value, fixed, per_sample, *errors])
+    header = ["term", "fitted", "fixed us", "per sample us", "rms error", "max error"]
+    return (
+        f"peak {fitted.peak_tflops:.4g} TFLOP/s per rank; per-layer overhead "
+        f"{fitted.layer_overhead_s * 1e6:.1f} us\n" + format_table(header, rows)
+    )
 
 
 def profile_document(name: str, fitted: FittedProfile) -> dict[str, Any]:
     """The profile file: the contract's ``Profile`` (what ``--profile FILE`` and
     ``PUT /v1/profiles/{name}`` take)."""
     try:
-        return fitted_profile(name, fitted).model_dump(exclude={"version"})
+        return fitted_profile(name, fitted).model_dump(exclude={"version", "job_version"})
     except ValidationError as exc:
         raise InputError(
             f"the fitted constants are not a valid profile: {exc.errors()[0]['msg']} "

@@ -47,6 +47,10 @@ class CalibrationConfig:
     repeats: int = 5
     """Timed repetitions per point (the median is kept)."""
 
+    pack: int = 8
+    """Attention is also timed on ``pack`` samples of ``length / pack`` tokens packed together,
+    which separates a fixed cost per sample from the cost per FLOP (1: single samples only)."""
+
     warmup: int = 2
     """Untimed repetitions first (allocator, first-call costs)."""
 
@@ -158,7 +162,8 @@ def _fwd_bwd(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
 
 
 def measure_compute(config: CalibrationConfig, device: torch.device) -> list[ComputePoint]:
-    """Forward + backward time of each part of one layer on one sample of each length."""
+    """Forward + backward time of each part of one layer on one sample of each length, and of
+    attention on ``config.pack`` shorter samples packed to the same length."""
     cfg = config.model
     torch.manual_seed(0)
     block = Block(cfg, "S").to(device)
@@ -169,17 +174,18 @@ def measure_compute(config: CalibrationConfig, device: torch.device) -> list[Com
         v_LKD = torch.randn(length, cfg.kv_heads, cfg.head_dim, device=device, requires_grad=True)
         x_LD = torch.randn(length, cfg.hidden, device=device, requires_grad=True)
         pos_L = torch.arange(length, device=device)
-        cu = [0, length]
-        parts: dict[str, Callable[[], torch.Tensor]] = {
-            "full_attention": functools.partial(varlen_attention, q_LHD, k_LKD, v_LKD, cu, None),
-            "sparse_attention": functools.partial(
-                varlen_attention, q_LHD, k_LKD, v_LKD, cu, cfg.window
-            ),
-            "linear": functools.partial(block, x_LD, pos_L, _NoAttention()),
-        }
-        for part, fn in parts.items():
+        timed: list[tuple[str, int, Callable[[], torch.Tensor]]] = [
+            ("linear", 1, functools.partial(block, x_LD, pos_L, _NoAttention()))
+        ]
+        packs = sorted({1, config.pack}) if length >= 2 * config.pack else [1]
+        for n in packs:
+            cu = [i * (length // n) for i in range(n)] + [length]  # the last takes the rest
+            for part, window in (("full_attention", None), ("sparse_attention", cfg.window)):
+                attn = functools.partial(varlen_attention, q_LHD, k_LKD, v_LKD, cu, window)
+                timed.append((part, n, attn))
+        for part, n, fn in timed:
             seconds = _time(_fwd_bwd(fn), config.repeats, config.warmup, device, config.statistic)
-            points.append(ComputePoint(part=part, length=length, seconds=seconds))
+            points.append(ComputePoint(part=part, length=length // n, samples=n, seconds=seconds))
     return points
 
 
@@ -198,7 +204,8 @@ def _median_over_ranks(points: list[ComputePoint]) -> list[ComputePoint]:
     out = []
     for i, p in enumerate(points):
         times = [g[i].seconds for g in gathered if g is not None]
-        out.append(ComputePoint(part=p.part, length=p.length, seconds=statistics.median(times)))
+        median = statistics.median(times)
+        out.append(ComputePoint(part=p.part, length=p.length, samples=p.samples, seconds=median))
     return out
 
 

@@ -52,9 +52,13 @@ class RateFit:
     """Root mean square of (predicted - measured) / measured over the points."""
     max_rel_error: float
     points: int
+    per_item_s: float = 0.0
+    """Fixed seconds per item (a sample of a packed call) on top of ``intercept_s``; 0.0 unless
+    fitted by ``fit_rate_per_item``."""
 
-    def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
-        return self.intercept_s + np.asarray(x, dtype=np.float64) / self.rate
+    def predict(self, x: NDArray[np.float64], items: float = 1.0) -> NDArray[np.float64]:
+        fixed = self.intercept_s + self.per_item_s * items
+        return fixed + np.asarray(x, dtype=np.float64) / self.rate
 
 
 def relative_errors(
@@ -102,6 +106,58 @@ def fit_rate(
     return through_zero
 
 
+def fit_rate_per_item(
+    x: Sequence[float] | NDArray[np.float64],
+    items: Sequence[float] | NDArray[np.float64],
+    seconds: Sequence[float] | NDArray[np.float64],
+    *,
+    min_rate: float = 0.0,
+) -> RateFit:
+    """Fit ``seconds = b + c * items + x / rate`` (relative error) with ``b, c >= 0`` and
+    ``rate >= min_rate``: every subset of the fixed terms is fitted (with the rate free, and held
+    at ``min_rate``) and the best valid one kept, so a term the data does not support is 0,
+    never negative, and fixed costs that swamp the FLOPs cannot push the rate below a profile's
+    range (a bounded fit, not a clipped one)."""
+    x_a, n_a, y_a = (np.asarray(v, dtype=np.float64) for v in (x, items, seconds))
+    if not x_a.shape == n_a.shape == y_a.shape or x_a.size < 3:
+        raise CalibrationFitError(f"Expected >= 3 paired points, got {x_a.size}.")
+    if np.any(y_a <= 0) or np.any(x_a <= 0) or np.any(n_a < 1):
+        raise CalibrationFitError("Expected positive sizes, items and times.")
+    w = 1.0 / y_a**2
+    best: RateFit | None = None
+    for use_b, use_c in ((True, True), (True, False), (False, True), (False, False)):
+        fixed_cols = [np.ones_like(x_a)] * use_b + [n_a] * use_c
+        candidates = []
+        coef = _weighted_lstsq(np.column_stack([*fixed_cols, x_a]), y_a, w)
+        candidates.append((list(coef[:-1]), float(coef[-1])))
+        if min_rate > 0:  # the same with the rate held at its bound
+            held = 1.0 / min_rate
+            if fixed_cols:
+                rest = _weighted_lstsq(np.column_stack(fixed_cols), y_a - x_a * held, w)
+                candidates.append((list(rest), held))
+            else:
+                candidates.append(([], held))
+        for fixed, slope in candidates:
+            b = float(fixed[0]) if use_b else 0.0
+            c = float(fixed[int(use_b)]) if use_c else 0.0
+            if b < 0 or c < 0 or slope <= 0 or 1.0 / slope < min_rate * (1 - 1e-9):
+                continue
+            rel = relative_errors(b + c * n_a + x_a * slope, y_a)
+            fit = RateFit(
+                rate=1.0 / slope,
+                intercept_s=b,
+                per_item_s=c,
+                rel_rms_error=float(np.sqrt(np.mean(rel**2))),
+                max_rel_error=float(np.max(np.abs(rel))),
+                points=int(x_a.size),
+            )
+            if best is None or fit.rel_rms_error < best.rel_rms_error:
+                best = fit
+    if best is None:  # time falls with size everywhere: a fixed cost per call only
+        return _rate_fit(x_a, y_a, LATENCY_ONLY_RATE, float(np.sum(w * y_a) / np.sum(w)))
+    return best
+
+
 def _fit_slope(x: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64]) -> RateFit:
     slope = float(np.sum(w * x * y) / np.sum(w * x * x))
     return _rate_fit(x, y, 1.0 / slope, 0.0)
@@ -146,13 +202,17 @@ def robust_multipliers(
     *,
     ridge: float = 1e-3,
     fixed: Sequence[str] = (),
+    bounds: tuple[float, float] = (1e-6, 1e6),
 ) -> MultiplierFit:
     """Fit ``measured ~ sum_j m_j * terms[j]`` on relative residuals with Huber IRLS.
 
     ``terms`` gives each step's predicted seconds per term (they sum to the prediction). The
     ridge pulls every ``m_j`` towards 1 with a weight relative to the term's share of the data,
     so a term that is (nearly) absent from the measured steps keeps its current value instead of
-    absorbing noise. Terms in ``fixed`` stay at 1.
+    absorbing noise. Terms in ``fixed`` stay at 1. Every multiplier stays inside ``bounds``
+    (a box-constrained fit: a multiplier that would leave it is held at the bound and the others
+    are refitted), so fixed terms larger than a measured time cannot send another term's
+    multiplier to zero or below.
     """
     if len(terms) != len(measured_s) or not terms:
         raise CalibrationFitError(
@@ -175,7 +235,7 @@ def robust_multipliers(
     m = np.ones(len(free))
     w = np.ones(len(y))
     for _ in range(IRLS_ITERATIONS):
-        m_new = _ridge_solve(Af, target, w, ridge)
+        m_new = _box_solve(Af, target, w, ridge, bounds)
         resid = target - Af @ m_new
         w = huber_weights(resid)
         if np.allclose(m_new, m, rtol=1e-9, atol=1e-12):
@@ -191,6 +251,34 @@ def robust_multipliers(
         rel_errors_after=tuple(relative_errors(after, y).tolist()),
         outliers=int(np.sum(w < 0.5)),
     )
+
+
+def _box_solve(
+    A: NDArray[np.float64],
+    target: NDArray[np.float64],
+    w: NDArray[np.float64],
+    ridge: float,
+    bounds: tuple[float, float],
+) -> NDArray[np.float64]:
+    """``_ridge_solve`` with every coefficient in ``bounds``: coefficients outside are pinned to
+    the nearer bound one at a time (the worst first) and the rest re-solved, at most once each."""
+    lo, hi = bounds
+    pinned: dict[int, float] = {}
+    m = np.ones(A.shape[1])
+    for _ in range(A.shape[1] + 1):
+        free = [j for j in range(A.shape[1]) if j not in pinned]
+        rest = target - A[:, list(pinned)] @ np.array(list(pinned.values())) if pinned else target
+        sub = _ridge_solve(A[:, free], rest, w, ridge)
+        m = np.ones(A.shape[1])
+        for j, v in pinned.items():
+            m[j] = v
+        m[free] = sub
+        out = {j: float(m[j]) for j in free if not lo <= m[j] <= hi}
+        if not out:
+            return m
+        worst = max(out, key=lambda j: max(lo / max(out[j], 1e-300), out[j] / hi))
+        pinned[worst] = lo if out[worst] < lo else hi
+    return np.clip(m, lo, hi)
 
 
 def _ridge_solve(

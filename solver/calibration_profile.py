@@ -14,11 +14,11 @@ formulas for bytes and FLOPs so that a fitted profile predicts exactly what was 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.calibration_fit import CalibrationFitError, RateFit, fit_rate
+from solver.calibration_fit import CalibrationFitError, RateFit, fit_rate, fit_rate_per_item
 from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
 from solver.profiles import EFFICIENCY_RANGE, Profile
 
@@ -56,7 +56,10 @@ class ComputePoint:
 
     part: str
     length: int
+    """Tokens of each sample."""
     seconds: float
+    samples: int = 1
+    """Samples of ``length`` packed into the timed call (their fixed costs add up)."""
 
     def __post_init__(self) -> None:
         if self.part not in PARTS:
@@ -77,6 +80,11 @@ class FittedProfile:
     inter_node_gbps: float
     collective_latency_s: float
     """Fixed seconds per all-to-all call (0 when the data did not ask for one)."""
+    layer_overhead_s: float = 0.0
+    """Fixed compute seconds of one layer: the linear part's intercept plus the attention
+    calls' fixed cost, averaged over the model's layer kinds."""
+    sample_overhead_s: dict[str, float] = field(default_factory=dict)
+    """Fixed seconds per sample of each attention part."""
     fits: dict[str, RateFit]
     """Per term (``full_attention``, ..., ``intra``, ``inter``) its fit and errors."""
 
@@ -92,6 +100,9 @@ def fitted_profile(name: str, fitted: FittedProfile) -> Profile:
         intra_node_gbps=fitted.intra_node_gbps,
         inter_node_gbps=fitted.inter_node_gbps,
         collective_latency_us=fitted.collective_latency_s * 1e6,
+        layer_overhead_us=fitted.layer_overhead_s * 1e6,
+        sample_overhead_us_full=fitted.sample_overhead_s.get("full_attention", 0.0) * 1e6,
+        sample_overhead_us_sparse=fitted.sample_overhead_s.get("sparse_attention", 0.0) * 1e6,
     )
 
 
@@ -118,8 +129,14 @@ def fit_profile(
         pts = [p for p in compute if p.part == part]
         if len(pts) < 2:
             raise CalibrationFitError(f"Expected >= 2 lengths measured for {part}, got {len(pts)}.")
-        flops = [part_flops(cost, part, p.length) for p in pts]
-        fits[part] = fit_rate(flops, [p.seconds for p in pts], intercept=False)
+        flops = [part_flops(cost, part, p.length) * p.samples for p in pts]
+        seconds = [p.seconds for p in pts]
+        if part == "linear":  # per token: its intercept is the layer's fixed cost
+            fits[part] = fit_rate(flops, seconds, intercept=len(pts) >= 3)
+        elif len(pts) >= 3:  # fixed cost per call and per sample, both >= 0
+            fits[part] = fit_rate_per_item(flops, [p.samples for p in pts], seconds)
+        else:
+            fits[part] = fit_rate(flops, seconds, intercept=False)
     peak = peak_tflops * FLOPS_PER_TFLOP
     best = max(f.rate for f in fits.values())
     worst = min(f.rate for f in fits.values())
@@ -127,8 +144,22 @@ def fit_profile(
         # A part beat the stated peak (the peak was wrong), or one runs below a profile's
         # smallest efficiency (a toy model on a CPU core): efficiencies relative to the best part.
         peak = best
-    total_flops = sum(part_flops(cost, p.part, p.length) for p in compute)
-    total_s = sum(part_flops(cost, p.part, p.length) / fits[p.part].rate for p in compute)
+    floor = peak * EFFICIENCY_RANGE[0] * 1.01
+    for part in ("full_attention", "sparse_attention"):
+        pts = [p for p in compute if p.part == part]
+        if fits[part].rate < floor and len(pts) >= 3:
+            # Fixed costs swamp the FLOPs at these lengths: the rate is held at the range's
+            # low end and the fixed terms take the rest.
+            fits[part] = fit_rate_per_item(
+                [part_flops(cost, part, p.length) * p.samples for p in pts],
+                [p.samples for p in pts],
+                [p.seconds for p in pts],
+                min_rate=floor,
+            )
+    total_flops = sum(part_flops(cost, p.part, p.length) * p.samples for p in compute)
+    total_s = sum(
+        part_flops(cost, p.part, p.length) * p.samples / fits[p.part].rate for p in compute
+    )
     for link in LINKS:
         links = [p for p in a2a if p.link == link]
         if len(links) >= 2:
@@ -138,6 +169,11 @@ def fit_profile(
     intra = fits["intra"]
     inter = fits.get("inter", intra)  # one node: nothing to measure, links alike
     latencies = [fits[k].intercept_s for k in LINKS if k in fits]
+    layers = max(cost.full_layers + cost.sparse_layers, 1)
+    attention_call_s = (
+        cost.full_layers * fits["full_attention"].intercept_s
+        + cost.sparse_layers * fits["sparse_attention"].intercept_s
+    ) / layers
     return FittedProfile(
         peak_tflops=peak / FLOPS_PER_TFLOP,
         part_efficiency={p: fits[p].rate / peak for p in PARTS},
@@ -145,5 +181,7 @@ def fit_profile(
         intra_node_gbps=float(intra.rate / BYTES_PER_GB),
         inter_node_gbps=float(inter.rate / BYTES_PER_GB),
         collective_latency_s=float(np.mean(latencies)),
+        layer_overhead_s=fits["linear"].intercept_s + attention_call_s,
+        sample_overhead_s={p: fits[p].per_item_s for p in ("full_attention", "sparse_attention")},
         fits=fits,
     )

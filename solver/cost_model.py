@@ -180,11 +180,14 @@ class CostModel:
         intra = bpt * (min(group, self.gpus_per_node) - 1) / group / self.intra_bytes_per_s
         return max(inter, intra)
 
+    def collective_seconds(self, group: int) -> float:
+        """Fixed latency one layer pays for its all-to-all calls in a group of ``group``."""
+        return COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
+
     def layer_fixed_seconds(self, group: int) -> float:
         """Fixed time of one layer in a group of ``group`` ranks: its all-to-all calls' latency
-        (groups of > 1) and the per-layer compute overhead (0 and 0 by default)."""
-        latency = COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
-        return latency + self.layer_overhead_s
+        and the per-layer compute overhead (both 0 by default)."""
+        return self.collective_seconds(group) + self.layer_overhead_s
 
     @functools.cached_property
     def linear_seconds_per_token(self) -> float:

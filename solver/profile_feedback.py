@@ -17,7 +17,7 @@ from typing import Any
 
 from solver.calibration_fit import CalibrationFitError, MultiplierFit, bounded, robust_multipliers
 from solver.cost_model import CostModel
-from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, Profile
+from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, LATENCY_US_RANGE, Profile
 from solver.schema import Plan, PlanRequest
 from solver.step_terms import TERMS, step_terms
 
@@ -27,10 +27,14 @@ CONSTANTS_OF_TERM = {
     "compute": ("efficiency_full_attention", "efficiency_sparse_attention", "efficiency_linear"),
     "intra": ("intra_node_gbps",),
     "inter": ("inter_node_gbps",),
+    "overhead": ("layer_overhead_us",),
 }
-"""The profile constants each term's multiplier divides (time = work / rate). One compute
-multiplier scales all three efficiencies: step times cannot tell the parts apart reliably. The
-per-collective latency stays as calibrated (``repack calibrate`` measures it directly)."""
+"""The profile constants each term's multiplier divides (time = work / rate) or, for the
+fixed-time constants in ``TIME_CONSTANTS``, multiplies. One compute multiplier scales all three
+efficiencies: step times cannot tell the parts apart reliably. The per-collective latency stays
+as calibrated (``repack calibrate`` measures it directly); the per-layer overhead is refitted
+only when the profile has one (a term absent from every step keeps its value)."""
+TIME_CONSTANTS = frozenset({"layer_overhead_us"})
 FITTED = tuple(name for names in CONSTANTS_OF_TERM.values() for name in names)
 
 
@@ -97,20 +101,38 @@ def with_constants(request: PlanRequest, constants: dict[str, Any]) -> PlanReque
     return request.model_copy(update={"profile": profile})  # the name (if any) is kept
 
 
-def _fit_under(obs: Sequence[Observation], constants: dict[str, float]) -> MultiplierFit:
-    rows: list[dict[str, float]] = []
+def _fit_under(
+    obs: Sequence[Observation], constants: dict[str, float], bound: float = 1e6
+) -> tuple[MultiplierFit, int]:
+    """The multipliers under ``constants`` (each within ``[1/bound, bound]``) and how many
+    all-to-all times were left out as waits.
+
+    A measured all-to-all time includes waiting for the last peer to arrive (a slower rank's
+    compute, a descheduled process). One above ``bound`` x its prediction is read as such a wait,
+    not as a slow link, and left out: kept, a set of them drove every refit's bandwidths to the
+    bound (and, unbounded, to the 0.01 GB/s floor of the range) on a loaded host."""
+    rows: list[dict[str, float]] = []  # one per step first, then the all-to-all rows
     measured: list[float] = []
+    comm_rows: list[dict[str, float]] = []
+    comm_measured: list[float] = []
+    waits = 0
     for o in obs:
         priced = with_constants(o.request, constants)
         terms = step_terms(priced, o.plan, CostModel.from_request(priced))
         rows.append(terms.as_dict())
         measured.append(o.measured_s)
-        if o.all_to_all_s is not None and o.all_to_all_s > 0 and terms.intra + terms.inter > 0:
+        comm_s = terms.intra + terms.inter
+        if o.all_to_all_s is not None and o.all_to_all_s > 0 and comm_s > 0:
+            if o.all_to_all_s > bound * (comm_s + terms.latency):
+                waits += 1
+                continue
             comm = {"compute": 0.0, "intra": terms.intra, "inter": terms.inter}
-            rows.append({**comm, "latency": terms.latency})
-            measured.append(o.all_to_all_s)
+            comm_rows.append({**comm, "latency": terms.latency, "overhead": 0.0})
+            comm_measured.append(o.all_to_all_s)
+    rows, measured = rows + comm_rows, measured + comm_measured
     absent = [t for t in TERMS if all(r[t] == 0.0 for r in rows)]
-    return robust_multipliers(rows, measured, fixed=[*absent, "latency"])
+    fit = robust_multipliers(rows, measured, fixed=[*absent, "latency"], bounds=(1 / bound, bound))
+    return fit, waits
 
 
 def refit(
@@ -126,19 +148,21 @@ def refit(
     estimate = dict(constants)
     first: MultiplierFit | None = None
     for _ in range(FIXED_POINT_ROUNDS):
-        fit = _fit_under(obs, estimate)
+        # Each round's multipliers are bounded by what the refit may move in all (relative to
+        # the current estimate): no term can go to zero, negative or to a range's end.
+        fit, waits = _fit_under(obs, estimate, config.max_change**2)
         first = first or fit
         for term, names in CONSTANTS_OF_TERM.items():
             m = fit.multipliers.get(term, 1.0)
             if m <= 0:
                 raise CalibrationFitError(f"the {term} term got a non-positive multiplier {m:.3g}")
             for name in names:
-                estimate[name] = _in_range(name, estimate[name] / m)
+                estimate[name] = _in_range(name, _apply(name, estimate[name], m))
         if all(abs(m - 1.0) < 1e-4 for m in fit.multipliers.values()):
             break
     assert first is not None
     factors = {
-        term: bounded(estimate[names[0]] / constants[names[0]], config.max_change)
+        term: _factor(names[0], estimate, constants, config.max_change)
         for term, names in CONSTANTS_OF_TERM.items()
     }
     new = {
@@ -147,9 +171,11 @@ def refit(
         for name in names
     }
     notes = []
+    if waits:
+        notes.append(f"{waits} all-to-all times left out as waits for a slow peer")
     if any(new[n] >= EFFICIENCY_RANGE[1] for n in CONSTANTS_OF_TERM["compute"]):
         notes.append("an efficiency reached 1.0: raise peak_tflops in the profile")
-    after = _fit_under(obs, new)
+    after, _ = _fit_under(obs, new)
     return Refit(
         constants=new,
         multipliers=factors,
@@ -161,9 +187,24 @@ def refit(
     )
 
 
+def _apply(name: str, value: float, multiplier: float) -> float:
+    """A constant after its term's time is scaled by ``multiplier``."""
+    return value * multiplier if name in TIME_CONSTANTS else value / multiplier
+
+
+def _factor(name: str, estimate: dict[str, float], start: dict[str, float], limit: float) -> float:
+    """How far a constant moved (new / old), bounded to ``[1/limit, limit]``; 1 for a
+    constant that is 0 (an absent term)."""
+    if start[name] == 0:
+        return 1.0
+    return bounded(estimate[name] / start[name], limit)
+
+
 def _in_range(name: str, value: float) -> float:
     """Clip a constant into the profile's valid range (an efficiency above 1 means the stated
     peak is too low; the refit reports it instead of writing an invalid profile)."""
+    if name in TIME_CONSTANTS:
+        return min(max(value, LATENCY_US_RANGE[0]), LATENCY_US_RANGE[1])
     low, high = EFFICIENCY_RANGE if name.startswith("efficiency") else BANDWIDTH_GBPS_RANGE
     return min(max(value, low * 1.000001), high)
 

@@ -2,10 +2,12 @@
 
 The cost model prices a step as its slowest parent; inside that parent every layer's time is a
 sum of compute seconds (attention and linear/MoE FLOPs over the achieved rate) and all-to-all
-seconds, each all-to-all priced by whichever link (intra- or inter-node) is slower for its group.
+seconds, each all-to-all priced by whichever link (intra- or inter-node) is slower for its group,
+plus fixed seconds (collective latency, per-layer compute overhead).
 Given the plan's layout that sum is linear in ``1 / rate`` and ``1 / bandwidth``: this is what
 lets measured step times be regressed on the terms (``solver.profile_feedback``) and what the
-dashboard's "dominating term" shows. The fixed latency per collective is its own term.
+dashboard's "dominating term" shows. The fixed latency per collective and the fixed compute
+overhead per layer are terms of their own, which the regression keeps fixed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from solver.cost_model import CostModel, SampleCosts, ceil_div
 from solver.schema import Plan, PlanRequest
 
-TERMS = ("compute", "intra", "inter", "latency")
+TERMS = ("compute", "intra", "inter", "latency", "overhead")
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,13 @@ class StepTerms:
     intra: float
     inter: float
     latency: float = 0.0
+    """Fixed latency of the all-to-all calls."""
+    overhead: float = 0.0
+    """Fixed compute time of the layers (``Profile.layer_overhead_us``)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.intra + self.inter + self.latency
+        return self.compute + self.intra + self.inter + self.latency + self.overhead
 
     @property
     def dominating(self) -> str:
@@ -53,7 +58,7 @@ def _a2a_terms(cost: CostModel, group: int, tokens: int) -> tuple[float, float]:
 def _layer(cost: CostModel, size: int, attn_s: float, tokens: int) -> StepTerms:
     intra, inter = _a2a_terms(cost, size, tokens)
     compute = attn_s / size + tokens * cost.linear_seconds_per_token
-    return StepTerms(compute, intra, inter, cost.layer_fixed_seconds(size))
+    return StepTerms(compute, intra, inter, cost.collective_seconds(size), cost.layer_overhead_s)
 
 
 def parent_terms(
@@ -62,7 +67,7 @@ def parent_terms(
     """Terms of one parent; ``children`` are ``(size, sparse_s, tokens)`` as in the cost model."""
     max_tokens = max((ceil_div(t, k) for k, _, t in children), default=0)
     full = _layer(cost, size, full_s, max_tokens)
-    sparse = StepTerms(0.0, 0.0, 0.0, 0.0)
+    sparse = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0)
     for k, s, t in children:
         if t == 0:
             continue
@@ -75,6 +80,7 @@ def parent_terms(
         f * full.intra + n * sparse.intra,
         f * full.inter + n * sparse.inter,
         f * full.latency + n * sparse.latency,
+        f * full.overhead + n * sparse.overhead,
     )
 
 
@@ -84,7 +90,7 @@ def step_terms(request: PlanRequest, plan: Plan, cost: CostModel | None = None) 
     ``total`` equals the cost model's step time of the plan (``validate.step_seconds``)."""
     cost = cost or CostModel.from_request(request)
     costs = SampleCosts.build(cost, request.lengths)
-    worst = StepTerms(0.0, 0.0, 0.0, 0.0)
+    worst = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0)
     for p in plan.parents:
         kids = [
             (

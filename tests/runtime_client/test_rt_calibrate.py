@@ -48,9 +48,10 @@ def test_calibration_measures_every_group_and_part_and_fits_a_profile() -> None:
     groups = sorted({(p.group, p.link) for p in first.all_to_all})
     assert groups == [(2, "intra"), (4, "inter")]
     assert len(first.all_to_all) == 2 * 3 and all(p.seconds > 0 for p in first.all_to_all)
-    assert sorted({(p.part, p.length) for p in first.compute}) == sorted(
-        (part, n) for part in PARTS for n in SMALL.lengths
-    )
+    singles = {(p.part, p.length) for p in first.compute if p.samples == 1}
+    assert singles == {(part, n) for part in PARTS for n in SMALL.lengths}
+    packed = {(p.part, p.samples) for p in first.compute if p.samples > 1}  # per-sample costs
+    assert packed == {("full_attention", SMALL.pack), ("sparse_attention", SMALL.pack)}
     cluster, model = toy_model_spec(SMALL, 4)
     fitted = fit_profile(
         CostModel.from_specs(cluster, model),
@@ -63,6 +64,7 @@ def test_calibration_measures_every_group_and_part_and_fits_a_profile() -> None:
     assert fitted.intra_node_gbps > 0 and fitted.inter_node_gbps > 0
     doc = profile_document("cpu", fitted)
     assert doc["name"] == "cpu" and doc["efficiency_linear"] == fitted.part_efficiency["linear"]
+    assert doc["layer_overhead_us"] >= 0 and doc["sample_overhead_us_full"] >= 0
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from solver.calibration_fit import (
     CalibrationFitError,
     bounded,
     fit_rate,
+    fit_rate_per_item,
     huber_weights,
     robust_multipliers,
 )
@@ -140,6 +141,9 @@ def test_refit_recovers_halved_bandwidth_within_ten_percent_after_twenty_steps()
         if refit_due(len(observations), last, config):
             result = refit(observations, current, config)
             for name, value in result.constants.items():  # bounded per refit
+                if current[name] == 0:  # an absent term (no per-layer overhead) stays absent
+                    assert value == 0
+                    continue
                 assert value / current[name] <= 1.5 + 1e-9 and current[name] / value <= 1.5 + 1e-9
             current, last, versions = result.constants, len(observations), versions + 1
     assert versions >= 3
@@ -163,3 +167,84 @@ def test_fit_rate_reads_flat_times_as_latency_only() -> None:
     fit = fit_rate([1e3, 1e4, 1e5], [2.1e-3, 2e-3, 1.9e-3])  # noise: bigger is faster
     assert fit.intercept_s == pytest.approx(2e-3, rel=0.05)
     assert fit.rate >= 1e13  # the size term vanishes
+
+
+def test_fit_rate_per_item_recovers_call_and_item_costs() -> None:
+    x = np.array([1e6, 2e6, 4e6, 8e6, 1e6, 2e6, 4e6, 8e6])
+    items = np.array([1, 1, 1, 1, 8, 8, 8, 8])
+    seconds = 2e-3 + 3e-4 * items + x / 1e9
+    fit = fit_rate_per_item(x, items, seconds)
+    assert fit.rate == pytest.approx(1e9, rel=1e-9)
+    assert fit.intercept_s == pytest.approx(2e-3, rel=1e-9)
+    assert fit.per_item_s == pytest.approx(3e-4, rel=1e-9)
+    assert fit.predict(np.array([1e6]), items=8)[0] == pytest.approx(seconds[4], rel=1e-9)
+
+
+def test_fit_rate_per_item_keeps_its_fixed_terms_non_negative() -> None:
+    """Per-item cost that falls with items (noise, or caches) is read as none, not negative."""
+    x = np.array([1e6, 2e6, 4e6, 1e6, 2e6, 4e6])
+    items = np.array([1, 1, 1, 8, 8, 8])
+    seconds = 1e-3 + x / 1e9 - 5e-5 * (items - 1)
+    fit = fit_rate_per_item(x, items, seconds)
+    assert fit.per_item_s == 0.0 and fit.intercept_s >= 0.0 and fit.rate > 0
+    with pytest.raises(CalibrationFitError):
+        fit_rate_per_item([1.0, 2.0], [1, 1], [1.0, 2.0])
+
+
+def test_overhead_terms_add_to_the_step_and_are_their_own_term() -> None:
+    base = _requests(1, seed=5)[0]
+    p = plan(base, deadline_ms=2000)
+    slow = with_constants(base, {"layer_overhead_us": 500.0, "sample_overhead_us_full": 40.0})
+    cost0, cost1 = CostModel.from_request(base), CostModel.from_request(slow)
+    t0 = step_seconds(base, p, cost0, SampleCosts.build(cost0, base.lengths))
+    t1 = step_seconds(slow, p, cost1, SampleCosts.build(cost1, slow.lengths))
+    layers = cost0.full_layers + cost0.sparse_layers
+    assert t1 > t0 + layers * 500e-6 * 0.999  # every layer pays the overhead at least once
+    terms = step_terms(slow, p, cost1)
+    assert terms.overhead == pytest.approx(layers * 500e-6)
+    assert terms.total == pytest.approx(t1, rel=1e-12)
+
+
+@pytest.mark.parametrize("overestimate", [3.0, 1.4])
+def test_refit_survives_fixed_costs_larger_than_some_steps_and_stays_in_bounds(
+    overestimate: float,
+) -> None:
+    """A calibration under load overestimated the per-layer overhead (3x: the fixed part alone
+    exceeds many measured steps), and the measured all-to-all times carry waits for a slow peer.
+    The refit used to fail on a negative compute multiplier, and unbounded it sent the
+    bandwidths to the floor of their range; now every constant moves within its bound, the
+    waits are left out, and an error within one refit's reach is corrected."""
+    requests = _requests(12, seed=4)
+    true_overhead = 2000.0  # us per layer
+    truth = {**constants_of(requests[0]), "layer_overhead_us": true_overhead}
+    believed = {**truth, "layer_overhead_us": overestimate * true_overhead}
+    observations = []
+    for req in requests:
+        p = plan(with_constants(req, believed), deadline_ms=2000)
+        true_req = with_constants(req, truth)
+        cost = CostModel.from_request(true_req)
+        true_s = step_seconds(true_req, p, cost, SampleCosts.build(cost, req.lengths))
+        terms = step_terms(true_req, p, cost)
+        waited = terms.intra + terms.inter + 2.0 * terms.compute  # waits inside the collective
+        assert waited > 2.25 * (terms.intra + terms.inter + terms.latency)
+        observations.append(Observation(req, p, true_s, waited))
+    config = FeedbackConfig(min_steps=8, max_change=1.5)
+    result = refit(observations, believed, config)
+    for name, value in result.constants.items():
+        assert 1 / 1.5 - 1e-9 <= value / believed[name] <= 1.5 + 1e-9, name
+    assert result.constants["layer_overhead_us"] < believed["layer_overhead_us"]
+    assert any("waits" in note for note in result.notes), result.notes
+    assert result.median_abs_error_after < result.median_abs_error_before
+    if overestimate < 1.5:  # within one refit's reach: the truth, bandwidths untouched
+        for name, want in truth.items():
+            assert result.constants[name] == pytest.approx(want, rel=0.05), name
+
+
+def test_fit_rate_per_item_holds_the_rate_at_its_bound_when_fixed_costs_swamp_it() -> None:
+    x = np.array([10.0, 20.0, 40.0, 10.0, 20.0, 40.0])
+    items = np.array([1, 1, 1, 8, 8, 8])
+    seconds = 1e-3 + 1e-4 * items + np.array([0.0, 2e-5, -1e-5, 3e-5, 0.0, 1e-5]) + x / 1e3
+    free = fit_rate_per_item(x, items, seconds)
+    assert free.rate < 1e6  # left free, noise makes the FLOPs look expensive
+    held = fit_rate_per_item(x, items, seconds, min_rate=1e6)
+    assert held.rate == pytest.approx(1e6) and held.intercept_s > 0 and held.per_item_s > 0
