@@ -179,7 +179,7 @@ def main() -> None:
     p.add_argument("--payload-tokens", type=int, nargs="+", default=[16, 256, 1024, 4096])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None, help="write per-step rows here")
-    p.add_argument("--step-repeats", type=int, default=1, help="runs per step (min kept)")
+    p.add_argument("--step-repeats", type=int, default=3, help="runs per step (min kept)")
     p.add_argument("--statistic", choices=["median", "min"], default="median")
     p.add_argument("--refit-steps", type=int, default=10, help="steps the online refit uses")
     p.add_argument("--pack", type=int, default=8, help="samples per packed attention point")

@@ -158,6 +158,20 @@ def fit_rate_per_item(
     return best
 
 
+def fit_intercept_at_rate(
+    x: Sequence[float] | NDArray[np.float64],
+    seconds: Sequence[float] | NDArray[np.float64],
+    rate: float,
+) -> RateFit:
+    """``seconds = b + x / rate`` with the rate given (a bound of the profile's range) and
+    ``b >= 0`` fitted on relative errors: the time a too-slow fit cannot put on the rate is a
+    fixed cost per call instead."""
+    x_a, y_a = np.asarray(x, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    w = 1.0 / y_a**2
+    b = max(0.0, float(np.sum(w * (y_a - x_a / rate)) / np.sum(w)))
+    return _rate_fit(x_a, y_a, rate, b)
+
+
 def _fit_slope(x: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64]) -> RateFit:
     slope = float(np.sum(w * x * y) / np.sum(w * x * x))
     return _rate_fit(x, y, 1.0 / slope, 0.0)

@@ -18,9 +18,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.calibration_fit import CalibrationFitError, RateFit, fit_rate, fit_rate_per_item
+from solver.calibration_fit import (
+    LATENCY_ONLY_RATE,
+    CalibrationFitError,
+    RateFit,
+    fit_intercept_at_rate,
+    fit_rate,
+    fit_rate_per_item,
+)
 from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
-from solver.profiles import EFFICIENCY_RANGE, Profile
+from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, Profile
 
 PARTS = ("full_attention", "sparse_attention", "linear")
 LINKS = ("intra", "inter")
@@ -138,12 +145,19 @@ def fit_profile(
         else:
             fits[part] = fit_rate(flops, seconds, intercept=False)
     peak = peak_tflops * FLOPS_PER_TFLOP
-    best = max(f.rate for f in fits.values())
-    worst = min(f.rate for f in fits.values())
+    # A part whose time did not grow with its FLOPs at all has no rate to speak of: it may not
+    # set the peak (it would make every other part's efficiency ~0).
+    credible = [f.rate for f in fits.values() if f.rate < LATENCY_ONLY_RATE] or [peak]
+    best, worst = max(credible), min(credible)
     if best > peak or worst / peak <= EFFICIENCY_RANGE[0]:
         # A part beat the stated peak (the peak was wrong), or one runs below a profile's
         # smallest efficiency (a toy model on a CPU core): efficiencies relative to the best part.
         peak = best
+    for part in PARTS:
+        if fits[part].rate > peak:  # flat times: efficiency 1, the time is fixed cost
+            pts = [p for p in compute if p.part == part]
+            flops = [part_flops(cost, part, p.length) * p.samples for p in pts]
+            fits[part] = fit_intercept_at_rate(flops, [p.seconds for p in pts], peak)
     floor = peak * EFFICIENCY_RANGE[0] * 1.01
     for part in ("full_attention", "sparse_attention"):
         pts = [p for p in compute if p.part == part]
@@ -163,7 +177,11 @@ def fit_profile(
     for link in LINKS:
         links = [p for p in a2a if p.link == link]
         if len(links) >= 2:
-            fits[link] = fit_rate([p.bytes_out for p in links], [p.seconds for p in links])
+            x, y = [p.bytes_out for p in links], [p.seconds for p in links]
+            fits[link] = fit_rate(x, y)
+            slowest = BANDWIDTH_GBPS_RANGE[0] * BYTES_PER_GB * 1.0001
+            if fits[link].rate < slowest:  # below a profile's range: the rest is latency
+                fits[link] = fit_intercept_at_rate(x, y, slowest)
     if "intra" not in fits:
         raise CalibrationFitError("Expected >= 2 intra-node all-to-all measurements.")
     intra = fits["intra"]

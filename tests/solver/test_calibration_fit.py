@@ -8,11 +8,13 @@ import pytest
 from solver.calibration_fit import (
     CalibrationFitError,
     bounded,
+    fit_intercept_at_rate,
     fit_rate,
     fit_rate_per_item,
     huber_weights,
     robust_multipliers,
 )
+from solver.calibration_profile import AllToAllPoint, ComputePoint, fit_profile
 from solver.cost_model import CostModel, SampleCosts
 from solver.planner import plan
 from solver.profile_feedback import (
@@ -23,7 +25,8 @@ from solver.profile_feedback import (
     refit_due,
     with_constants,
 )
-from solver.schema import PlanRequest
+from solver.profiles import Profile
+from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 from solver.step_terms import step_terms
 from solver.validate import step_seconds
 
@@ -248,3 +251,43 @@ def test_fit_rate_per_item_holds_the_rate_at_its_bound_when_fixed_costs_swamp_it
     assert free.rate < 1e6  # left free, noise makes the FLOPs look expensive
     held = fit_rate_per_item(x, items, seconds, min_rate=1e6)
     assert held.rate == pytest.approx(1e6) and held.intercept_s > 0 and held.per_item_s > 0
+
+
+def test_a_link_slower_than_any_profile_is_held_at_the_range_and_the_rest_is_latency() -> None:
+    x = np.array([1e3, 1e4, 1e5])
+    seconds = 0.02 + x / 1e6  # 0.001 GB/s: below the 0.01 GB/s a profile allows
+    fit = fit_intercept_at_rate(x, seconds, 1e7)
+    assert fit.rate == 1e7 and fit.intercept_s > 0.02
+
+
+def test_fit_profile_with_a_flat_part_keeps_every_constant_in_range() -> None:
+    """Under load a part's time may not grow with its FLOPs at all (read as latency only):
+    that part must not set the peak, else every other efficiency falls out of range."""
+    model = ModelSpec(layers=4, hidden=32, heads=16, kv_heads=4, head_dim=8, sparse_window=16,
+                      moe_active_params=4096, dtype_bytes=4)  # fmt: skip
+    cost = CostModel.from_specs(ClusterSpec(nodes=2, gpus_per_node=2), model)
+    compute = []
+    for length in (16, 32, 64):
+        compute.append(ComputePoint(part="linear", length=length, seconds=2e-3))  # flat
+        for n in (1, 8):
+            for part, per in (("full_attention", 3e-4), ("sparse_attention", 1e-4)):
+                flops = 6 * (length // n) ** 2 * 16 * 8 * n
+                seconds = 1e-3 + per * n + flops / 5e9
+                compute.append(
+                    ComputePoint(part=part, length=length // n, samples=n, seconds=seconds)
+                )
+    a2a = [
+        AllToAllPoint(group=k, gpus_per_node=2, bytes_per_rank=b, seconds=1e-4 + b / 1e9)
+        for k in (2, 4)
+        for b in (1e3, 1e5, 1e6)
+    ]
+    fitted = fit_profile(cost, a2a, compute, peak_tflops=0.004)
+    assert fitted.peak_tflops < 1.0  # not the 100 TFLOP/s of a latency-only fit
+    Profile(  # every constant in the contract's range
+        peak_tflops=fitted.peak_tflops,
+        efficiency_full_attention=fitted.part_efficiency["full_attention"],
+        efficiency_sparse_attention=fitted.part_efficiency["sparse_attention"],
+        efficiency_linear=fitted.part_efficiency["linear"],
+        layer_overhead_us=fitted.layer_overhead_s * 1e6,
+    )
+    assert fitted.layer_overhead_s > 1.5e-3  # the flat linear time is fixed cost
