@@ -11,6 +11,7 @@ settles. The change applied at one refit is bounded (``FeedbackConfig.max_change
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,11 +177,33 @@ def refit(
     if any(new[n] >= EFFICIENCY_RANGE[1] for n in CONSTANTS_OF_TERM["compute"]):
         notes.append("an efficiency reached 1.0: raise peak_tflops in the profile")
     after, _ = _fit_under(obs, new)
+    before_error = _median_abs(first.rel_errors_before[: len(obs)])
+    after_error = _median_abs(after.rel_errors_before[: len(obs)])
+    if after_error > before_error:
+        # Noise the terms cannot explain (a loaded host) can make the bounded, robust per-term
+        # fit worse on the very steps it saw: then one common scale (the median of measured /
+        # predicted, bounded), else the constants as they were.
+        ratios = [1.0 / (1.0 + e) for e in first.rel_errors_before[: len(obs)]]
+        scale = bounded(statistics.median(ratios), config.max_change)
+        factors = {t: scale if t == "overhead" else 1.0 / scale for t in CONSTANTS_OF_TERM}
+        new = {
+            name: _in_range(name, constants[name] * factors[term])
+            for term, names in CONSTANTS_OF_TERM.items()
+            for name in names
+        }
+        after_error = _median_abs(_fit_under(obs, new)[0].rel_errors_before[: len(obs)])
+        if after_error < before_error:
+            notes.append(f"per-term fit did not help: every term scaled by {scale:.3g}")
+        else:
+            notes.append("the refit did not predict its own steps better: constants kept")
+            new = {n: constants[n] for n in FITTED}
+            factors = dict.fromkeys(CONSTANTS_OF_TERM, 1.0)
+            after_error = before_error
     return Refit(
         constants=new,
         multipliers=factors,
-        median_abs_error_before=_median_abs(first.rel_errors_before[: len(obs)]),
-        median_abs_error_after=_median_abs(after.rel_errors_before[: len(obs)]),
+        median_abs_error_before=before_error,
+        median_abs_error_after=after_error,
         steps=len(obs),
         outliers=first.outliers,
         notes=notes,
