@@ -126,7 +126,7 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def refit_and_rescore(
     train: list[dict[str, Any]], held_out: list[dict[str, Any]], key: str
-) -> tuple[list[float], dict[str, float]]:
+) -> tuple[list[float], dict[str, float | str]]:
     """Fit the profile from measured steps (``key`` as the step time), then predict the
     held-out steps' plans with it (the layouts they ran with)."""
     obs = [
@@ -149,7 +149,7 @@ def refit_and_rescore(
         cost = CostModel.from_request(req)
         p = Plan.model_validate_json(r["plan"])
         out.append(step_seconds(req, p, cost, SampleCosts.build(cost, req.lengths)) * 1e3)
-    return out, fit.constants
+    return out, {**fit.constants, "notes": "; ".join(fit.notes) or "none"}
 
 
 def distribution(errors: list[float]) -> str:
@@ -203,7 +203,10 @@ def main() -> None:
                 f"  after a refit on steps 0-{k - 1} (held-out steps {k}-{len(rows) - 1}): "
                 + distribution([p / r[key] - 1 for p, r in zip(rescored, rows[k:], strict=True)])
             )
-            print("  refit constants: " + ", ".join(f"{n} {v:.4g}" for n, v in fit.items()))
+            shown = (
+                f"{n} {v:.4g}" if isinstance(v, float) else f"{n}: {v}" for n, v in fit.items()
+            )
+            print("  refit constants: " + ", ".join(shown))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
