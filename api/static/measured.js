@@ -36,8 +36,9 @@ const RepackMeasured = (() => {
     Plotly.newPlot("plot-terms", terms, stacked, config);
 
     const versions = data.feedback.versions;
-    const names = versions.length ? Object.keys(versions[0].constants).sort() : [];
     const first = versions.length ? versions[0].constants : {};
+    // A constant that is 0 in version 1 (no per-layer overhead) has no ratio to plot.
+    const names = Object.keys(first).filter((name) => first[name] !== 0).sort();
     const lines = names.map((name) => ({
       x: versions.map((v) => v.from_step), y: versions.map((v) => v.constants[name] / first[name]),
       name, mode: "lines+markers", type: "scatter",

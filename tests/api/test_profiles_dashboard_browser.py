@@ -54,8 +54,8 @@ def test_measured_page_plots_predicted_measured_errors_terms_and_constants(
     assert page.locator("#plot-predicted-measured .scatterlayer .point").count() == 2 * STEPS
     assert page.locator("#plot-error-hist .barlayer .point").count() >= 1
     assert (
-        page.locator("#plot-terms .barlayer .trace").count() == 4
-    )  # compute, intra, inter, latency
+        page.locator("#plot-terms .barlayer .trace").count() == 5
+    )  # compute, intra, inter, latency, overhead
     versions = httpx.get(f"{url}/v1/jobs/{JOB}/feedback").json()["versions"]
     assert len(versions) >= 2
     assert page.locator("#plot-constants .scatterlayer .point").count() >= 2 * len(versions)
