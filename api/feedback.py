@@ -96,12 +96,13 @@ def maybe_refit(profiles: ProfileStore, plans: PlanStore, job_id: str) -> JobPro
     obs = _observations(profiles, plans, job_id, config.window)
     if len(obs) < config.min_steps:
         return None
+    # Versions stored before a constant joined the refit (``layer_overhead_us``) lack it: the
+    # request's profile fills what they do not say.
+    current = constants_of(obs[-1].request)
     if last is not None:
-        current = json.loads(last.body)
+        current.update(json.loads(last.body))
     elif feedback.base_profile is not None:
-        current = json.loads(feedback.base_profile)
-    else:
-        current = constants_of(obs[-1].request)
+        current.update(json.loads(feedback.base_profile))
     try:
         result = refit(obs, current, config)
     except (CalibrationFitError, ValueError) as exc:
