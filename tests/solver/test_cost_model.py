@@ -25,7 +25,7 @@ from solver.problem import Problem
 from solver.profiles import DEFAULT_PROFILE, Profile
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest
 from solver.trace import load_trace
-from solver.validate import validate_plan
+from solver.validate import step_seconds, validate_plan
 from tests.helpers import example_plan, example_request
 from tests.solver.default_profile_golden import GOLDEN, scenario_path
 from tests.solver.default_profile_golden import SCENARIOS as GOLDEN_SCENARIOS
@@ -244,3 +244,32 @@ def test_membership_estimate_counts_the_collective_latency() -> None:
     for size in (1, 4, 16):
         exact = unrepacked_parent_seconds(problem.cost, size, full, sparse, tokens)
         assert estimate(size, full, sparse, tokens, 0.0) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["baseline", "sizing", "repack+parent", "repack+sizing"])
+def test_fixed_cost_terms_keep_plans_valid_and_bounds_true(mode: str) -> None:
+    """Per-layer and per-sample overheads (new profile terms) enter every planner through the
+    cost model's layer and sample times: plans stay valid, their bound below their time, and
+    the same layout's step grows by at least the overhead of every layer."""
+    lengths = [30000, 9000, 120, 7, 4000, 2200, 61, 15000, 800, 3]
+    cluster = {"nodes": 2, "gpus_per_node": 8, "max_tokens_per_rank": 4096}
+    base = PlanRequest.model_validate({"cluster": cluster, "lengths": lengths, "mode": mode})
+    slow = base.model_copy(
+        update={
+            "profile": Profile(
+                name="fixed-costs",
+                layer_overhead_us=400.0,
+                sample_overhead_us_full=250.0,
+                sample_overhead_us_sparse=40.0,
+                collective_latency_us=15.0,
+            )
+        }
+    )
+    priced = plan(slow, deadline_ms=60_000)
+    assert validate_plan(slow, priced) == []
+    assert priced.metrics.lower_bound_ms is not None
+    assert priced.metrics.lower_bound_ms <= priced.metrics.step_time_ms
+    cost0, cost1 = CostModel.from_request(base), CostModel.from_request(slow)
+    t0 = step_seconds(base, priced, cost0, SampleCosts.build(cost0, lengths))
+    t1 = step_seconds(slow, priced, cost1, SampleCosts.build(cost1, lengths))
+    assert t1 >= t0 + (cost1.full_layers + cost1.sparse_layers) * 400e-6 * 0.999
