@@ -67,6 +67,11 @@ class _Bin:
     fixed: bool = False  # a kept child: always there, whatever it ends up holding
 
 
+def unsplit(problem: Problem, par: Parent) -> bool:
+    """An unrepacked parent wider than any child: one bin, freed only as a whole."""
+    return not par.repacked and par.size > max(problem.child_sizes)
+
+
 def node_of(parent: Parent, child: Child, gpus_per_node: int) -> int:
     """Index of the node (inside ``parent``) that holds a node-local child."""
     return (child.start - parent.start) // min(parent.size, gpus_per_node)
@@ -98,11 +103,11 @@ class JointModel:
             par = layout[j]
             g = min(par.size, cost.gpus_per_node)
             all_freed = all((j, n) in freed_nodes for n in range(par.size // g))
-            whole_now = not par.repacked and par.size > g
+            whole_now = unsplit(problem, par)
             if whole_now and not all_freed:  # an unrepacked wide parent is one kept bin
                 self._add_kept(q, par.children[0], hint_bin, hint_used)
                 continue
-            if par.size > g and all_freed:
+            if par.size > max(problem.child_sizes) and all_freed:
                 self.bins.append(_Bin(q, par.size, par.start, (), None, whole=True))
                 if whole_now:
                     hint_used.add(len(self.bins) - 1)
@@ -367,13 +372,13 @@ class JointModel:
         return tuple(out)
 
 
-def freed_samples(layout: Layout, nodes: Sequence[tuple[int, int]], gpus_per_node: int) -> set[int]:
+def freed_samples(problem: Problem, layout: Layout, nodes: Sequence[tuple[int, int]]) -> set[int]:
     """Samples held by the given (parent, node) pairs."""
     out: set[int] = set()
     for j, n in nodes:
         par = layout[j]
-        g = min(par.size, gpus_per_node)
-        if not par.repacked and par.size > g:
+        g = min(par.size, problem.cost.gpus_per_node)
+        if unsplit(problem, par):
             out.update(par.samples)
             continue
         for c in par.children:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from solver.budget import Budget
 from solver.cost_model import child_layer_seconds, parent_seconds
-from solver.joint_model import JointModel, Neighbourhood, freed_samples, node_of
+from solver.joint_model import JointModel, Neighbourhood, freed_samples, node_of, unsplit
 from solver.layout import Child, Layout, LayoutEval, Parent, evaluate
 from solver.problem import Problem
 
@@ -249,7 +249,7 @@ def _nodes_by_time(problem: Problem, layout: Layout, j: int) -> list[tuple[int, 
     cost = problem.cost
     par = layout[j]
     g = min(par.size, cost.gpus_per_node)
-    if not par.repacked and par.size > g:
+    if unsplit(problem, par):
         return [(j, n) for n in range(par.size // g)]
     slowest: dict[int, float] = {}
     for c in par.children:
@@ -292,9 +292,9 @@ def _grow(
             continue
         par = layout[node[0]]
         g = min(par.size, g_all)
-        wide = not par.repacked and par.size > g  # frees all its nodes at once
+        wide = unsplit(problem, par)  # frees all its nodes at once
         group = [(node[0], n) for n in range(par.size // g)] if wide else [node]
-        extra = freed_samples(layout, group, g_all)
+        extra = freed_samples(problem, layout, group)
         new_bins = bins + MENU_BINS * len(group) + 1
         if len(samples | extra) * new_bins > MAX_PAIRS:
             continue
