@@ -33,6 +33,7 @@ from itertools import pairwise
 
 from ortools.sat.python import cp_model
 
+from solver.child_cpsat import WORK_LIMIT_REACHED
 from solver.cpsat_units import time_unit_s
 from solver.layout import Child, Layout, Parent, parent_time, unrepacked
 from solver.problem import Problem
@@ -54,6 +55,16 @@ class Neighbourhood:
     kind: str = ""
     """Kept children, as (parent, child start), that freed samples may enter (None: all); a
     freed sample may always stay where it is. Narrows the model to the children with room."""
+
+
+@dataclass(frozen=True)
+class JointResult:
+    layout: Layout | None
+    """The best layout found (None if none, e.g. the clock stopped the search first)."""
+    work_s: float
+    """Deterministic seconds CP-SAT spent (repeatable: the LNS budget is charged with it)."""
+    stopped_by_time: bool
+    """The wall-clock safety net, not the work limit, ended an open search."""
 
 
 @dataclass(frozen=True)
@@ -310,9 +321,9 @@ class JointModel:
     def pairs(self) -> int:
         return len(self.x)
 
-    def solve(self, work_limit_s: float, deadline_s: float) -> Layout | None:
+    def solve(self, work_limit_s: float, deadline_s: float) -> JointResult:
         """The best layout found within ``work_limit_s`` deterministic seconds (and the
-        ``deadline_s`` safety net), or None."""
+        ``deadline_s`` safety net)."""
         solver = cp_model.CpSolver()
         params = solver.parameters
         params.num_workers = 1
@@ -326,9 +337,12 @@ class JointModel:
         params.linearization_level = 0
         params.search_branching = cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH
         status = solver.solve(self.model)
+        work = solver.deterministic_time
+        # An open search that stopped before its deterministic limit was stopped by the clock.
+        by_clock = status != cp_model.OPTIMAL and work < work_limit_s * WORK_LIMIT_REACHED
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return None
-        return self._layout(solver)
+            return JointResult(None, work, by_clock)
+        return JointResult(self._layout(solver), work, by_clock)
 
     def _layout(self, solver: cp_model.CpSolver) -> Layout:
         cost = self.p.cost

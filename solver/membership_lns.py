@@ -37,13 +37,22 @@ from solver.layout import Child, Layout, LayoutEval, Parent, evaluate
 from solver.problem import Problem
 
 MOVE_SECONDS = 0.0015
-"""CP-SAT deterministic seconds per move at the full work budget. Small models solved often
-beat large ones solved long: on the packed trace nearly every accepted move is a heavy swap
-(~30 samples), and the number of moves, not the work per move, decides the quality."""
+"""CP-SAT deterministic seconds per move at most, at the full work budget. Small models solved
+often beat large ones solved long: on the packed trace nearly every accepted move is a heavy
+swap (~30 samples, proven optimal in ~0.0008 s), and the number of moves decides the quality."""
 
-MAX_MOVES = 4
-"""Moves per request at the full work budget (``Budget.evals``); fewer when a whole list of
-neighbourhoods fails."""
+LNS_SECONDS = 0.006
+"""The whole search's deterministic budget at the full work budget (``Budget.cpsat_seconds``):
+each move is charged the deterministic time CP-SAT spent plus ``MOVE_CHARGE`` for building its
+model in Python, so cheap moves buy more moves. Sized so that the search adds a few tens of ms
+of CPU at 64 GPUs."""
+
+MOVE_CHARGE = 0.0008
+"""Deterministic-second equivalent of building and evaluating one move (~2-4 ms of CPU)."""
+
+MAX_MOVES = 6
+"""Moves per request at most (``Budget.evals``); fewer when a whole list of neighbourhoods
+fails or ``LNS_SECONDS`` is spent."""
 
 SETTLED_GAP = 0.005
 """No search on a layout this close (relative) to its lower bound."""
@@ -103,17 +112,23 @@ def improve(
     improved = True
     shares: dict[tuple[float, int], list[int]] = {}
     max_moves = budget.evals(MAX_MOVES)
-    while improved and moves < max_moves and not budget.expired():
+    left = budget.cpsat_seconds(LNS_SECONDS)
+    while improved and moves < max_moves and left > 0 and not budget.expired():
         improved = False
         for hood in _neighbourhoods(problem, layout, evaluation):
-            if moves >= max_moves or budget.expired():
+            if moves >= max_moves or left <= 0 or budget.expired():
                 break
             moves += 1
             try:
                 model = JointModel(problem, layout, hood, shares)
             except ValueError:
                 continue
-            found = model.solve(budget.cpsat_seconds(MOVE_SECONDS), budget.remaining_s())
+            limit = min(budget.cpsat_seconds(MOVE_SECONDS), left)
+            result = model.solve(limit, budget.remaining_s())
+            left -= result.work_s + budget.cpsat_seconds(MOVE_CHARGE)
+            if result.stopped_by_time:
+                budget.fired = True
+            found = result.layout
             if found is None:
                 continue
             new = _reevaluate(problem, found, evaluation, hood)

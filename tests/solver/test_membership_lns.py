@@ -34,7 +34,7 @@ def packed_step(index: int, mode: str = "repack+parent") -> PlanRequest:
 
 def without_lns(monkeypatch: pytest.MonkeyPatch, request: PlanRequest) -> float:
     with monkeypatch.context() as m:
-        m.setattr(membership_lns, "MAX_MOVES", 0)
+        m.setattr(membership_lns, "LNS_SECONDS", 0.0)
         return plan(request).metrics.step_time_ms
 
 
@@ -99,7 +99,7 @@ def test_joint_model_keeps_memory_when_a_whole_node_is_re_chosen() -> None:
         for h in membership_lns._neighbourhoods(problem, layout, before)
         if h.kind == "node" and h.nodes
     )
-    found = JointModel(problem, layout, hood).solve(0.05, 60.0)
+    found = JointModel(problem, layout, hood).solve(0.05, 60.0).layout
     assert found is not None
     check_layout(problem, found, request)
     after = evaluate(found, problem.cost, problem.costs)
@@ -113,7 +113,7 @@ def test_every_neighbourhood_kind_is_tried_and_keeps_memory() -> None:
     hoods = list(membership_lns._neighbourhoods(problem, layout, before))
     assert {h.kind for h in hoods} == {"heavy", "exchange", "node", "swap", "longest"}
     for hood in hoods:
-        found = JointModel(problem, layout, hood).solve(0.002, 60.0)
+        found = JointModel(problem, layout, hood).solve(0.002, 60.0).layout
         assert found is not None
         check_layout(problem, found, request)
 
