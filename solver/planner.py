@@ -26,6 +26,7 @@ from solver.children import ChildrenSolution, polish, solve_children
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
+from solver.membership_lns import improve
 from solver.node_membership import node_seed
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
@@ -56,6 +57,8 @@ class _Candidate:
     layout: Layout
     evaluation: LayoutEval
     lower_bound_s: float
+    searched: bool = False
+    """The layout already came out of ``_improved`` (no second search from it)."""
 
 
 def _baseline_parents(problem: Problem, request: PlanRequest) -> tuple[list[int], list[list[int]]]:
@@ -98,9 +101,11 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
         "baseline": lambda: base,
         "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
-        "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
-        "repack+sizing": lambda: _repack_sizing(
-            problem, request, base, sizes, base_members, budget
+        "repack+parent": lambda: _improved(
+            problem, _repack_parent(problem, sizes, base_members, budget), budget
+        ),
+        "repack+sizing": lambda: _improved(
+            problem, _repack_sizing(problem, request, base, sizes, base_members, budget), budget
         ),
     }[mode]()
     outcome = _outcome(best, base.evaluation, budget)
@@ -279,11 +284,20 @@ def _repack_sizing(
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
-    best = _repack_parent(problem, sizes, members, budget)
+    best = _improved(problem, _repack_parent(problem, sizes, members, budget), budget)
     if found is not None and found.evaluation.step_s < best.evaluation.step_s:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
-    return _Candidate(best.layout, best.evaluation, bound)
+    return _Candidate(best.layout, best.evaluation, bound, best.searched)
+
+
+def _improved(problem: Problem, best: _Candidate, budget: Budget) -> _Candidate:
+    """The pipeline's layout improved by LNS on the joint model (``membership_lns``); same
+    bound, since the bound holds for any membership."""
+    if best.searched:
+        return best
+    lns = improve(problem, best.layout, best.evaluation, budget, best.lower_bound_s)
+    return _Candidate(lns.layout, lns.evaluation, best.lower_bound_s, searched=True)
 
 
 def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:

@@ -1,0 +1,326 @@
+"""Large-neighbourhood search on the joint membership + children model (``joint_model``).
+
+The greedy pipeline's layout is the incumbent. Each move frees a neighbourhood and re-solves it
+with CP-SAT (one worker, fixed seed, a deterministic work limit from ``Budget.cpsat_seconds``),
+with the incumbent as the complete hint; the result is accepted only if the exact evaluator
+(``layout.evaluate``) finds it faster (first improvement: the neighbourhoods of the new
+incumbent are then tried from the top). Neighbourhoods, most promising first, between the
+critical parent and the ``SLACK_PARENTS`` fastest parents:
+
+* ``heavy``: one of the critical parent's longest samples, a few short samples of its child,
+  and the fastest child of a slack parent that could hold it. Packed loaders leave no memory
+  anywhere, so a long (attention-heavy) sample can only leave if short ones take its place:
+  a subset-sum CP-SAT settles in a few milliseconds. Nearly every accepted move on the packed
+  trace is one of these;
+* ``exchange``: a whole child of the critical parent against the fastest children of the
+  slack parents;
+* ``node``: the critical parent's slowest node with its child sizes re-chosen from the menu
+  (8x1/4x2/2x4/1x8), plus the samples of the slack parents' fastest children;
+* ``swap``: single samples, the critical parent's longest against the slack parents' shortest;
+* ``longest``: the longest samples of the step between every parent they may move to.
+
+The neighbourhoods depend only on the incumbent and the request, so the search is
+deterministic. Requests with more than ``MAX_SAMPLES`` samples or ``MAX_WORLD`` ranks skip the
+search (the 1,024-GPU latency budget has no room for it), as do layouts already within
+``SETTLED_GAP`` of their bound: the greedy pipeline stays their answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from solver.budget import Budget
+from solver.cost_model import child_layer_seconds, parent_seconds
+from solver.joint_model import JointModel, Neighbourhood, freed_samples, node_of, unsplit
+from solver.layout import Child, Layout, LayoutEval, Parent, evaluate
+from solver.problem import Problem
+
+MOVE_SECONDS = 0.0015
+"""CP-SAT deterministic seconds per move at most, at the full work budget. Small models solved
+often beat large ones solved long: on the packed trace nearly every accepted move is a heavy
+swap (~30 samples, proven optimal in ~0.0008 s), and the number of moves decides the quality."""
+
+LNS_SECONDS = 0.006
+"""The whole search's deterministic budget at the full work budget (``Budget.cpsat_seconds``):
+each move is charged the deterministic time CP-SAT spent plus ``MOVE_CHARGE`` for building its
+model in Python, so cheap moves buy more moves. Sized so that the search adds a few tens of ms
+of CPU at 64 GPUs."""
+
+MOVE_CHARGE = 0.0008
+"""Deterministic-second equivalent of building and evaluating one move (~2-4 ms of CPU)."""
+
+MAX_MOVES = 6
+"""Moves per request at most (``Budget.evals``); fewer when a whole list of neighbourhoods
+fails or ``LNS_SECONDS`` is spent."""
+
+SETTLED_GAP = 0.005
+"""No search on a layout this close (relative) to its lower bound."""
+
+MAX_PAIRS = 1_600
+"""Largest neighbourhood, in sample-to-bin booleans: building a bigger model in Python costs
+more latency than the move can win."""
+
+MAX_SAMPLES = 1_500
+MAX_WORLD = 128
+"""Requests above either size keep the greedy pipeline's layout."""
+
+SLACK_PARENTS = 2
+EXCHANGES = 3
+"""Children of the critical parent offered for exchange (slowest first)."""
+HEAVY = 3
+"""Longest samples of the critical parent offered for a heavy swap."""
+A_SHORT = 4
+"""Short samples of the heavy sample's child that may leave with it or take its place."""
+PARTNERS = 1
+"""Exchange partners per slack parent: its fastest, then second fastest, child."""
+LONGEST = 4
+MENU_BINS = 15
+"""Slots of a freed 8-GPU node's menu (8x1 + 4x2 + 2x4 + 1x8), for sizing neighbourhoods."""
+
+
+@dataclass(frozen=True)
+class LnsResult:
+    layout: Layout
+    evaluation: LayoutEval
+    moves: int
+    accepted: tuple[str, ...]
+    """Kinds of the accepted moves, in order."""
+
+
+def improve(
+    problem: Problem,
+    layout: Layout,
+    evaluation: LayoutEval,
+    budget: Budget,
+    lower_bound_s: float = 0.0,
+) -> LnsResult:
+    """The incumbent improved by LNS: the neighbourhoods of the incumbent are tried in order
+    until one improves it (first improvement), then the list is rebuilt for the new incumbent;
+    the search ends when a whole list fails, after ``MAX_MOVES`` solves, or at the budget."""
+    cost = problem.cost
+    if (
+        not budget.use_cpsat
+        or problem.num_samples > MAX_SAMPLES
+        or cost.world_size > MAX_WORLD
+        or len(layout) < 2
+        or evaluation.step_s <= lower_bound_s * (1 + SETTLED_GAP)
+    ):
+        return LnsResult(layout, evaluation, 0, ())
+    moves = 0
+    accepted: list[str] = []
+    improved = True
+    shares: dict[tuple[float, int], list[int]] = {}
+    max_moves = budget.evals(MAX_MOVES)
+    left = budget.cpsat_seconds(LNS_SECONDS)
+    while improved and moves < max_moves and left > 0 and not budget.expired():
+        improved = False
+        for hood in _neighbourhoods(problem, layout, evaluation):
+            if moves >= max_moves or left <= 0 or budget.expired():
+                break
+            moves += 1
+            try:
+                model = JointModel(problem, layout, hood, shares)
+            except ValueError:
+                continue
+            limit = min(budget.cpsat_seconds(MOVE_SECONDS), left)
+            result = model.solve(limit, budget.remaining_s())
+            left -= result.work_s + budget.cpsat_seconds(MOVE_CHARGE)
+            if result.stopped_by_time:
+                budget.fired = True
+            found = result.layout
+            if found is None:
+                continue
+            new = _reevaluate(problem, found, evaluation, hood)
+            if _better(new, evaluation):
+                layout, evaluation = found, new
+                accepted.append(hood.kind)
+                improved = True
+                break
+    return LnsResult(layout, evaluation, moves, tuple(accepted))
+
+
+def _reevaluate(
+    problem: Problem, layout: Layout, old: LayoutEval, hood: Neighbourhood
+) -> LayoutEval:
+    """The exact step time of a move's layout: only the neighbourhood's parents changed."""
+    times = list(old.parent_s)
+    for j in hood.parents:
+        times[j] = _parent_seconds(problem, layout[j])
+    if max(times) > old.step_s:
+        return LayoutEval(max(times), tuple(times), old.inter_node_bytes, old.imbalance)
+    return evaluate(layout, problem.cost, problem.costs)
+
+
+def _better(new: LayoutEval, old: LayoutEval) -> bool:
+    """Faster step, or the same step with the slower parents faster (progress for min-max)."""
+    if new.step_s < old.step_s * (1 - 1e-12):
+        return True
+    if new.step_s > old.step_s * (1 + 1e-12):
+        return False
+    return sorted(new.parent_s, reverse=True) < sorted(old.parent_s, reverse=True)
+
+
+def _child_seconds(problem: Problem, child: Child) -> float:
+    """One sparse layer of ``child`` (plain sums: faster than numpy on a few samples)."""
+    sparse = sum(problem.sparse_s[s] for s in child.samples)
+    tokens = sum(problem.tokens[s] for s in child.samples)
+    return child_layer_seconds(problem.cost, child.size, sparse, tokens)
+
+
+def _parent_seconds(problem: Problem, par: Parent) -> float:
+    """``layout.parent_time`` with plain sums (the exact cost model, same terms)."""
+    sp, tok = problem.sparse_s, problem.tokens
+    terms = [
+        (c.size, sum(sp[s] for s in c.samples), sum(tok[s] for s in c.samples))
+        for c in par.children
+    ]
+    full = sum(problem.full_s[s] for c in par.children for s in c.samples)
+    return parent_seconds(problem.cost, par.size, full, terms)
+
+
+def _neighbourhoods(
+    problem: Problem, layout: Layout, evaluation: LayoutEval
+) -> Iterator[Neighbourhood]:
+    """The incumbent's neighbourhoods, most promising first (see the module docstring)."""
+    times = evaluation.parent_s
+    crit = max(range(len(layout)), key=lambda j: (times[j], -j))
+    slack = sorted((j for j in range(len(layout)) if j != crit), key=lambda j: (times[j], j))
+    slack = slack[:SLACK_PARENTS]
+    parents = sorted({crit, *slack})
+    crit_kids = sorted(
+        (c for c in layout[crit].children if c.samples),
+        key=lambda c: (-_child_seconds(problem, c), c.start),
+    )
+    fast = [
+        sorted(
+            (c for c in layout[j].children if c.samples),
+            key=lambda c: (_child_seconds(problem, c), c.start),
+        )
+        for j in slack
+    ]
+    # Heavy swaps: one long sample of the critical parent out, room made by short ones in.
+    tok = problem.tokens
+    cap = problem.cost.max_tokens_per_rank
+    heavy = sorted(
+        ((s, a) for a in crit_kids for s in a.samples),
+        key=lambda sa: (-tok[sa[0]], sa[0]),
+    )
+    for s, a in heavy[:HEAVY]:
+        partners = [
+            (j, c)
+            for j, kids in zip(slack, fast, strict=True)
+            for c in kids[:PARTNERS]
+            if c.size * cap >= tok[s]
+        ][:PARTNERS]
+        if not partners:
+            continue
+        short = sorted((x for x in a.samples if x != s), key=lambda x: (tok[x], x))[:A_SHORT]
+        samples = {s, *short}.union(*(c.samples for _, c in partners))
+        targets = ((crit, a.start), *((j, c.start) for j, c in partners))
+        yield Neighbourhood(tuple(parents), tuple(sorted(samples)), (), targets, "heavy")
+    # Exchanges: a child of the critical parent against the fastest children of the others.
+    for a in crit_kids[:EXCHANGES]:
+        for r in range(PARTNERS):
+            partners = [(j, kids[r]) for j, kids in zip(slack, fast, strict=True) if r < len(kids)]
+            if not partners:
+                continue
+            samples = set(a.samples).union(*(c.samples for _, c in partners))
+            targets = ((crit, a.start), *((j, c.start) for j, c in partners))
+            yield Neighbourhood(tuple(parents), tuple(sorted(samples)), (), targets, "exchange")
+    # The critical parent's slowest node re-chosen, with room from the fastest children.
+    targets = tuple((j, kids[0].start) for j, kids in zip(slack, fast, strict=True) if kids)
+    extra = [s for j, kids in zip(slack, fast, strict=True) if kids for s in kids[0].samples]
+    yield _grow(
+        problem,
+        layout,
+        parents,
+        iter(_nodes_by_time(problem, layout, crit)[:1]),
+        iter(extra),
+        targets,
+        "node",
+    )
+    # Swaps of single samples: the critical parent's longest against the others' shortest.
+    yield _grow(
+        problem,
+        layout,
+        parents,
+        iter(()),
+        _critical_singles(problem, layout, crit, slack),
+        None,
+        "swap",
+    )
+    # The longest samples of the step, between every parent they may move to.
+    longest = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
+    where = {s: j for j, par in enumerate(layout) for s in par.samples}
+    chosen = longest[:LONGEST]
+    with_longest = sorted({*parents, *(where[s] for s in chosen)})
+    yield _grow(problem, layout, with_longest, iter(()), iter(chosen), None, "longest")
+
+
+def _nodes_by_time(problem: Problem, layout: Layout, j: int) -> list[tuple[int, int]]:
+    """Nodes of parent ``j``, slowest child first (all of them for an unrepacked wide
+    parent, which is one bin)."""
+    cost = problem.cost
+    par = layout[j]
+    g = min(par.size, cost.gpus_per_node)
+    if unsplit(problem, par):
+        return [(j, n) for n in range(par.size // g)]
+    slowest: dict[int, float] = {}
+    for c in par.children:
+        n = node_of(par, c, g)
+        slowest[n] = max(slowest.get(n, 0.0), _child_seconds(problem, c) if c.samples else 0.0)
+    return [(j, n) for n in sorted(slowest, key=lambda n: (-slowest[n], n))]
+
+
+def _critical_singles(
+    problem: Problem, layout: Layout, crit: int, slack: list[int]
+) -> Iterator[int]:
+    """The critical parent's samples longest first, interleaved with the slack parents'
+    shortest (a long one out needs short ones to make room)."""
+    tok = problem.tokens
+    out = sorted(layout[crit].samples, key=lambda s: (-tok[s], s))
+    short = sorted((s for j in slack for s in layout[j].samples), key=lambda s: (tok[s], s))
+    for a in range(max(len(out), len(short))):
+        if a < len(out):
+            yield out[a]
+        if a < len(short):
+            yield short[a]
+
+
+def _grow(
+    problem: Problem,
+    layout: Layout,
+    parents: list[int],
+    nodes: Iterator[tuple[int, int]],
+    singles: Iterator[int],
+    targets: tuple[tuple[int, int], ...] | None,
+    kind: str,
+) -> Neighbourhood:
+    """Nodes first, then single samples, while the model stays under ``MAX_PAIRS``."""
+    g_all = problem.cost.gpus_per_node
+    bins = sum(len(layout[j].children) for j in parents) if targets is None else len(targets) + 1
+    freed: list[tuple[int, int]] = []
+    samples: set[int] = set()
+    for node in nodes:
+        if node in freed:
+            continue
+        par = layout[node[0]]
+        g = min(par.size, g_all)
+        wide = unsplit(problem, par)  # frees all its nodes at once
+        group = [(node[0], n) for n in range(par.size // g)] if wide else [node]
+        extra = freed_samples(problem, layout, group)
+        new_bins = bins + MENU_BINS * len(group) + 1
+        if len(samples | extra) * new_bins > MAX_PAIRS:
+            continue
+        freed.extend(group)
+        samples |= extra
+        bins = new_bins
+    for s in singles:
+        if s in samples:
+            continue
+        if (len(samples) + 1) * bins > MAX_PAIRS:
+            break
+        samples.add(s)
+    freed_nodes = tuple(sorted(set(freed)))
+    return Neighbourhood(tuple(parents), tuple(sorted(samples)), freed_nodes, targets, kind)
