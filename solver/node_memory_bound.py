@@ -1,0 +1,178 @@
+"""Lower bounds from memory at node level, for steps packed to the ranks' token budget.
+
+Loaders fill every rank to ~99% of ``max_tokens_per_rank``, so no membership leaves room: the
+parent holding the longest sample ``L`` must hold ``total - (W - P) * cap`` tokens, and the node
+of that parent holding ``L`` must hold what the parent's other nodes cannot,
+``parent_tokens - (P - g) * cap`` (``g = min(P, G)`` ranks per node). Children are node-local,
+so that node's ranks carry all of it in the sparse layers, each sample at least at the
+all-to-all price of its smallest feasible child (when only a child of the whole node holds
+``L``, everything on that node pays the node-wide price). The balance bounds of
+``bounds.py`` spread the same tokens over the whole parent (or cluster) with no all-to-all,
+which is what left 5-10% gaps on packed wide steps.
+
+Fillers are the shortest samples taken fractionally: per token, attention cost and the
+smallest feasible child both grow with length, so they are the cheapest tokens to add, for
+each term separately (each term is bounded by its own minimum, so the sum stays a bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from solver.cost_model import (
+    ceil_div,
+    child_layer_seconds,
+    full_layer_seconds,
+    unrepacked_parent_seconds,
+)
+from solver.problem import Problem
+
+
+def smallest_child(problem: Problem, length: int, size: int) -> int | None:
+    """Smallest node-local child of a parent of ``size`` that holds ``length`` tokens."""
+    g = min(size, problem.cost.gpus_per_node)
+    return next((k for k in problem.child_sizes if k <= g and length <= problem.capacity(k)), None)
+
+
+def floor_a2a(problem: Problem, tokens: NDArray[np.int64], size: int) -> NDArray[np.float64]:
+    """Per sample of ``tokens``: the all-to-all seconds per token of its smallest feasible
+    child in a parent of ``size`` (0 where none fits: that parent is then never repacked, and
+    0 keeps the bound a bound). Inside a node the price per token grows with the child."""
+    cost = problem.cost
+    g = min(size, cost.gpus_per_node)
+    kids = [k for k in problem.child_sizes if k <= g]
+    caps = np.array([problem.capacity(k) for k in kids], dtype=np.int64)
+    price = np.array([cost.a2a_seconds_per_token(k) for k in kids] + [0.0])
+    return price[np.searchsorted(caps, tokens, side="left")]
+
+
+@dataclass(frozen=True)
+class _Filler:
+    """Sums of a fractional filler taken from the shortest samples."""
+
+    tokens: float = 0.0
+    full: float = 0.0
+    sparse: float = 0.0
+    floor: float = 0.0
+    """Sparse-layer rank-seconds at the price of each sample's smallest feasible child."""
+
+
+class _Pool:
+    """Candidate filler samples, shortest first, with prefix sums so that a fractional fill of
+    any size costs one binary search (a request at 1,024 ranks has ~10^4 samples)."""
+
+    def __init__(self, problem: Problem, samples: Sequence[int], size: int) -> None:
+        picked = np.asarray(sorted(samples), dtype=np.int64)
+        order = picked[np.argsort(problem.costs.tokens[picked], kind="stable")]
+        tokens = problem.costs.tokens[order]
+        sparse = problem.costs.sparse_s[order]
+        lin = problem.cost.linear_seconds_per_token
+        floor = sparse + tokens * (lin + floor_a2a(problem, tokens, size))
+        zero = np.zeros(1)
+        self.tokens = tokens
+        self.cum = [
+            np.concatenate([zero, np.cumsum(a)])
+            for a in (tokens, problem.costs.full_s[order], sparse, floor)
+        ]
+
+    def fill(self, need: float) -> _Filler:
+        """The shortest samples up to ``need`` tokens, the last one fractionally."""
+        if need <= 0 or len(self.tokens) == 0:
+            return _Filler()
+        cum_tokens = self.cum[0]
+        whole = int(np.searchsorted(cum_tokens, need, side="right")) - 1  # samples taken whole
+        sums = [float(c[whole]) for c in self.cum]
+        if whole < len(self.tokens):
+            share = (need - sums[0]) / float(self.tokens[whole])
+            sums = [
+                v + share * float(c[whole + 1] - c[whole])
+                for v, c in zip(sums, self.cum, strict=True)
+            ]
+        return _Filler(*sums)
+
+
+def forced_parent_bound(
+    problem: Problem,
+    size: int,
+    longest: int,
+    pool: _Pool,
+    parent_tokens: float,
+    repack: bool,
+) -> float:
+    """Least time of a parent of ``size`` that holds sample ``longest`` and at least
+    ``parent_tokens`` tokens in all, the rest drawn from ``pool`` (built for this size).
+
+    Unrepacked: exact with the cheapest filler. Repacked: full layers with the busiest rank at
+    least the parent's mean and the node's mean; sparse layers at least the node's rank-seconds
+    over its ``g`` ranks, the parent's over ``P``, and ``longest`` alone in its child.
+    ``inf`` if the parent cannot hold ``longest`` (so it is never chosen for it)."""
+    cost = problem.cost
+    length = problem.tokens[longest]
+    if length > problem.capacity(size):
+        return float("inf")
+    parent_tokens = max(parent_tokens, float(length))
+    rest = pool.fill(parent_tokens - length)
+    full = problem.full_s[longest] + rest.full
+    sparse = problem.sparse_s[longest] + rest.sparse
+    tokens = length + rest.tokens
+    whole = unrepacked_parent_seconds(cost, size, full, sparse, int(tokens))
+    k_long = smallest_child(problem, length, size) if repack else None
+    if k_long is None:
+        return whole
+    g = min(size, cost.gpus_per_node)
+    node = pool.fill(parent_tokens - (size - g) * cost.max_tokens_per_rank - length)
+    lin = cost.linear_seconds_per_token
+    if k_long == g:  # the only child of its node: everything there pays its all-to-all
+        per_token = lin + cost.a2a_seconds_per_token(g)
+        node_s = (problem.sparse_s[longest] + node.sparse + (length + node.tokens) * per_token) / g
+    else:
+        own = problem.sparse_s[longest] + length * (lin + cost.a2a_seconds_per_token(k_long))
+        node_s = (own + node.floor) / g
+    own = problem.sparse_s[longest] + length * (lin + cost.a2a_seconds_per_token(k_long))
+    parent_s = (own + rest.floor) / size
+    single = min(
+        child_layer_seconds(cost, k, problem.sparse_s[longest], length)
+        for k in problem.child_sizes
+        if k_long <= k <= g
+    )
+    m = max(ceil_div(int(tokens), size), ceil_div(int(length + node.tokens), g))
+    repacked = cost.full_layers * full_layer_seconds(cost, size, full, m)
+    repacked += cost.sparse_layers * max(node_s, parent_s, single)
+    return min(whole, repacked)
+
+
+def _longest(problem: Problem, samples: Sequence[int]) -> int:
+    return max(samples, key=lambda s: (problem.tokens[s], -s))
+
+
+def node_memory_parent_bound(
+    problem: Problem, size: int, members: Sequence[int], repack: bool
+) -> float:
+    """Bound of one parent with fixed ``members`` (mode ``repack``): all of them are there."""
+    if not members:
+        return 0.0
+    longest = _longest(problem, members)
+    pool = _Pool(problem, [s for s in members if s != longest], size)
+    total = sum(problem.tokens[s] for s in members)
+    return forced_parent_bound(problem, size, longest, pool, total, repack)
+
+
+def node_memory_free_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
+    """Bound over every membership (and every tiling drawn from ``sizes``): whichever size
+    holds the longest sample, the other ``W - P`` ranks hold at most their memory."""
+    cost = problem.cost
+    longest = _longest(problem, range(problem.num_samples))
+    others = [s for s in range(problem.num_samples) if s != longest]
+    pools: dict[int, _Pool] = {}  # per ranks of a node: the all-to-all floor depends on it
+    best = float("inf")
+    for size in sorted(set(sizes)):
+        g = min(size, cost.gpus_per_node)
+        if g not in pools:
+            pools[g] = _Pool(problem, others, g)
+        need = sum(problem.tokens) - (cost.world_size - size) * cost.max_tokens_per_rank
+        best = min(best, forced_parent_bound(problem, size, longest, pools[g], need, repack))
+    return 0.0 if best == float("inf") else best
