@@ -25,6 +25,7 @@ from solver.cost_model import (
 from solver.membership import single_sample_bound
 from solver.node_memory_bound import node_memory_free_bound, node_memory_parent_bound
 from solver.problem import Problem
+from solver.split_bound import split_bound
 
 
 def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
@@ -240,9 +241,14 @@ def reported_bound(
             for size, group in zip(sizes, members, strict=True)
         )
     if mode == "repack+parent":
-        return node_memory_free_bound(problem, sizes, repack=True)
-    if mode == "sizing":
-        return node_memory_free_bound(problem, menu, repack=False)
-    if mode == "repack+sizing":
-        return node_memory_free_bound(problem, menu, repack=True)
+        return max(
+            node_memory_free_bound(problem, sizes, repack=True),
+            split_bound(problem, sizes, repack=True, tiling=True),
+        )
+    if mode in ("sizing", "repack+sizing"):
+        repack = mode == "repack+sizing"
+        return max(
+            node_memory_free_bound(problem, menu, repack=repack),
+            split_bound(problem, menu, repack=repack, tiling=False),
+        )
     return 0.0
