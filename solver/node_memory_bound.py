@@ -122,9 +122,11 @@ def forced_parent_bound(
     """Least time of a parent of ``size`` that holds sample ``longest`` and at least
     ``parent_tokens`` tokens in all, the rest drawn from ``pool`` (built for this size).
 
-    Unrepacked: exact with the cheapest filler. Repacked: full layers with the busiest rank at
-    least the parent's mean and the node's mean; sparse layers at least the node's rank-seconds
-    over its ``g`` ranks, the parent's over ``P``, and ``longest`` alone in its child.
+    Unrepacked: exact with the cheapest filler. Repacked, for each size ``k`` of the child
+    holding ``longest``: that child holds what the other ``g - k`` ranks of its node cannot
+    (all of its time is at its own all-to-all price); full layers with the busiest rank at least
+    the parent's, the node's and that child's mean; sparse layers at least that child, the
+    node's rank-seconds over its ``g`` ranks and the parent's over ``P``.
     ``inf`` if the parent cannot hold ``longest`` (so it is never chosen for it)."""
     cost = problem.cost
     length = problem.tokens[longest]
@@ -140,20 +142,24 @@ def forced_parent_bound(
     if k_long is None:
         return whole
     g = min(size, cost.gpus_per_node)
-    node = pool.fill(parent_tokens - (size - g) * cost.max_tokens_per_rank - length)
+    cap = cost.max_tokens_per_rank
+    node_tokens = parent_tokens - (size - g) * cap
+    node = pool.fill(node_tokens - length)
     lin = cost.linear_seconds_per_token
-    if k_long == g:  # the only child of its node: everything there pays its all-to-all
-        per_token = lin + cost.a2a_seconds_per_token(g)
-        node_s = (problem.sparse_s[longest] + node.sparse + (length + node.tokens) * per_token) / g
-    else:
-        own = problem.sparse_s[longest] + length * (lin + cost.a2a_seconds_per_token(k_long))
-        node_s = (own + node.floor) / g
     own = problem.sparse_s[longest] + length * (lin + cost.a2a_seconds_per_token(k_long))
+    node_s = (own + node.floor) / g
     parent_s = (own + rest.floor) / size
-    single = single_child_seconds(problem, longest, size)
     m = max(ceil_div(int(tokens), size), ceil_div(int(length + node.tokens), g))
-    repacked = cost.full_layers * full_layer_seconds(cost, size, full, m)
-    repacked += cost.sparse_layers * max(node_s, parent_s, single)
+    repacked = float("inf")
+    # The child holding `longest` (k ranks) holds what the rest of its node cannot.
+    for k in (k for k in problem.child_sizes if k_long <= k <= g):
+        kid = pool.fill(node_tokens - (g - k) * cap - length)
+        per_token = lin + cost.a2a_seconds_per_token(k)
+        kid_s = (problem.sparse_s[longest] + kid.sparse + (length + kid.tokens) * per_token) / k
+        busiest = max(m, ceil_div(int(length + kid.tokens), k))
+        option = cost.full_layers * full_layer_seconds(cost, size, full, busiest)
+        option += cost.sparse_layers * max(node_s, parent_s, kid_s)
+        repacked = min(repacked, option)
     return min(whole, repacked)
 
 
