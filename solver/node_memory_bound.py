@@ -81,9 +81,8 @@ class _Pool:
     """Candidate filler samples, shortest first, with prefix sums so that a fractional fill of
     any size costs one binary search (a request at 1,024 ranks has ~10^4 samples)."""
 
-    def __init__(self, problem: Problem, samples: Sequence[int], size: int) -> None:
-        picked = np.asarray(sorted(samples), dtype=np.int64)
-        order = picked[np.argsort(problem.costs.tokens[picked], kind="stable")]
+    def __init__(self, problem: Problem, order: NDArray[np.int64], size: int) -> None:
+        """``order``: the samples, shortest first (``shortest_first``)."""
         tokens = problem.costs.tokens[order]
         sparse = problem.costs.sparse_s[order]
         lin = problem.cost.linear_seconds_per_token
@@ -163,8 +162,10 @@ def forced_parent_bound(
     return min(whole, repacked)
 
 
-def _longest(problem: Problem, samples: Sequence[int]) -> int:
-    return max(samples, key=lambda s: (problem.tokens[s], -s))
+def shortest_first(problem: Problem, samples: Sequence[int]) -> NDArray[np.int64]:
+    """``samples`` by length, ties by index."""
+    picked = np.sort(np.asarray(samples, dtype=np.int64))
+    return picked[np.argsort(problem.costs.tokens[picked], kind="stable")]
 
 
 def node_memory_parent_bound(
@@ -173,8 +174,9 @@ def node_memory_parent_bound(
     """Bound of one parent with fixed ``members`` (mode ``repack``): all of them are there."""
     if not members:
         return 0.0
-    longest = _longest(problem, members)
-    pool = _Pool(problem, [s for s in members if s != longest], size)
+    order = shortest_first(problem, members)
+    longest = int(order[np.searchsorted(problem.costs.tokens[order], problem.tokens[order[-1]])])
+    pool = _Pool(problem, order[order != longest], size)
     total = sum(problem.tokens[s] for s in members)
     return forced_parent_bound(problem, size, longest, pool, total, repack)
 
@@ -183,8 +185,9 @@ def node_memory_free_bound(problem: Problem, sizes: Sequence[int], repack: bool)
     """Bound over every membership (and every tiling drawn from ``sizes``): whichever size
     holds the longest sample, the other ``W - P`` ranks hold at most their memory."""
     cost = problem.cost
-    longest = _longest(problem, range(problem.num_samples))
-    others = [s for s in range(problem.num_samples) if s != longest]
+    longest = int(np.argmax(problem.costs.tokens))  # the first of the longest
+    order = shortest_first(problem, range(problem.num_samples))
+    others = order[order != longest]
     pools: dict[int, _Pool] = {}  # per ranks of a node: the all-to-all floor depends on it
     best = float("inf")
     for size in sorted(set(sizes)):

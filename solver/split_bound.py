@@ -86,7 +86,7 @@ def split_bound(problem: Problem, sizes: Sequence[int], repack: bool, tiling: bo
     """Bound over memberships of the parents ``sizes`` (``tiling``: exactly these parents;
     else any tiling drawn from the menu ``sizes``), with the longest sample whole."""
     cost = problem.cost
-    longest = max(range(problem.num_samples), key=lambda s: (problem.tokens[s], -s))
+    longest = int(np.argmax(problem.costs.tokens))  # the first of the longest
     length = problem.tokens[longest]
     others = np.ones(problem.num_samples, dtype=bool)
     others[longest] = False
@@ -96,6 +96,7 @@ def split_bound(problem: Problem, sizes: Sequence[int], repack: bool, tiling: bo
         for size in count
         for state in ((False, True) if repack else (False,))
     }
+    cheapest: dict[tuple[int, ...], NDArray[np.float64]] = {}
     best = float("inf")
     for size in sorted(count):
         if length > problem.capacity(size):
@@ -105,10 +106,13 @@ def split_bound(problem: Problem, sizes: Sequence[int], repack: bool, tiling: bo
             rest = cost.world_size - size
         else:
             rest_sizes, rest = list(count), cost.world_size - size
-        elsewhere = np.full(problem.num_samples, np.inf)
-        for k in rest_sizes:
-            for state in (False, True) if repack else (False,):
-                elsewhere = np.minimum(elsewhere, rates[k, state])
+        key = tuple(sorted(rest_sizes))
+        if key not in cheapest:  # the same for every size of a menu: computed once
+            cheapest[key] = np.full(problem.num_samples, np.inf)
+            for k, state in rates:
+                if k in rest_sizes:
+                    cheapest[key] = np.minimum(cheapest[key], rates[k, state])
+        elsewhere = cheapest[key]
         option = float("inf")
         for state in (False, True) if repack else (False,):
             alone = _alone(problem, size, longest, state)
