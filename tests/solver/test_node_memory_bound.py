@@ -152,10 +152,10 @@ def test_a_packed_parent_is_bounded_by_its_full_node() -> None:
 
 
 def packed_request(seed: int) -> PlanRequest:
-    """A loader's step: parents filled in arrival order to >= 95% of their memory."""
+    """A loader's step on 16 or 32 GPUs in nodes of 4 or 8: parents filled in arrival order to
+    >= 95% of their memory, a long sample first."""
     rng = random.Random(seed)
-    nodes = rng.choice([2, 4])
-    world = nodes * 8
+    world, gpus = rng.choice([16, 32]), rng.choice([4, 8])
     sizes = rng.choice([[16] * (world // 16), [16] + [8] * ((world - 16) // 8), [8] * (world // 8)])
     fill = rng.uniform(0.95, 0.999)
     cap = 32768
@@ -165,7 +165,7 @@ def packed_request(seed: int) -> PlanRequest:
     lengths.pop()
     parent_of = first_fit(lengths, sizes)
     data: dict[str, object] = {
-        "cluster": {"nodes": nodes},
+        "cluster": {"nodes": world // gpus, "gpus_per_node": gpus},
         "lengths": lengths,
         "parent_sizes": sizes,
         "deadline_ms": 600_000,
@@ -175,7 +175,7 @@ def packed_request(seed: int) -> PlanRequest:
     return PlanRequest.model_validate(data)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_node_memory_bounds_stay_below_every_plan_of_packed_requests(seed: int) -> None:
     """Every mode's plan: the reported bound (``_outcome`` raises if above), and the node
     bounds of the plan's own parents and sizes, which hold for whatever layout it chose."""
