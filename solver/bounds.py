@@ -8,7 +8,9 @@ Every bound here is a relaxation of the cost model, never an estimate:
 * ``per parent`` (fixed membership): the larger of its members' single-sample bounds and its own
   work spread evenly, or its unrepacked time if that is smaller (both layouts are allowed);
 * ``memory``: the other parents hold at most their ranks' memory, so the longest sample's parent
-  also holds whatever they cannot, at best the shortest samples (a fractional filler).
+  also holds whatever they cannot, at best the shortest samples (a fractional filler);
+* ``node memory`` (``node_memory_bound``, reported only): the same one level down, the node of
+  that parent holding the longest sample holds what the parent's other nodes cannot.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from solver.cost_model import (
     unrepacked_parent_seconds,
 )
 from solver.membership import single_sample_bound
+from solver.node_memory_bound import node_memory_free_bound, node_memory_parent_bound
 from solver.problem import Problem
+from solver.split_bound import split_bound
 
 
 def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
@@ -216,3 +220,35 @@ def pigeonhole_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> fl
             continue  # such a parent cannot exist; memory already rules it out
         best = max(best, parent_bound(problem, size, group, repack))
     return best
+
+
+def reported_bound(
+    problem: Problem,
+    mode: str,
+    sizes: Sequence[int],
+    members: Sequence[Sequence[int]],
+    allowed: Sequence[int],
+) -> float:
+    """A bound for the model ``mode`` solves, added to what the search proved on its way:
+    the node-level memory bounds (``node_memory_bound``), which the search does not use (its
+    decisions, and so the plans, stay as they were). ``repack``: the upstream membership
+    ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``; the sizing
+    modes: any tiling from ``allowed`` (and the upstream ``sizes``). 0 for ``baseline``."""
+    menu = sorted(set(allowed) | set(sizes))
+    if mode == "repack":
+        return max(
+            node_memory_parent_bound(problem, size, group, repack=True)
+            for size, group in zip(sizes, members, strict=True)
+        )
+    if mode == "repack+parent":
+        return max(
+            node_memory_free_bound(problem, sizes, repack=True),
+            split_bound(problem, sizes, repack=True, tiling=True),
+        )
+    if mode in ("sizing", "repack+sizing"):
+        repack = mode == "repack+sizing"
+        return max(
+            node_memory_free_bound(problem, menu, repack=repack),
+            split_bound(problem, menu, repack=repack, tiling=False),
+        )
+    return 0.0

@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from solver.bounds import membership_free_bound
+from solver.bounds import membership_free_bound, reported_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
 from solver.children import ChildrenSolution, polish, solve_children
 from solver.errors import InfeasibleRequestError
@@ -108,6 +108,9 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
             problem, _repack_sizing(problem, request, base, sizes, base_members, budget), budget
         ),
     }[mode]()
+    allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
+    tighter = reported_bound(problem, mode, sizes, base_members, allowed)
+    best = _Candidate(best.layout, best.evaluation, max(best.lower_bound_s, tighter))
     outcome = _outcome(best, base.evaluation, budget)
     return build_plan(
         request,
