@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
-from solver.children import ChildrenSolution, polish, solve_children
+from solver.children import (
+    ChildrenSolution,
+    children_below,
+    membership_bounds,
+    polish,
+    solve_children,
+)
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
@@ -98,7 +104,7 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
         "baseline": lambda: base,
         "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
-        "repack+parent": lambda: _repack_parent(problem, sizes, base_members, budget),
+        "repack+parent": lambda: _parent_mode(problem, sizes, base_members, budget),
         "repack+sizing": lambda: _repack_sizing(
             problem, request, base, sizes, base_members, budget
         ),
@@ -144,23 +150,42 @@ def _fixed_best(
 
 
 def _repack_parent(
-    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
-) -> _Candidate:
+    problem: Problem,
+    sizes: list[int],
+    members: list[list[int]],
+    budget: Budget,
+    incumbent_s: float = math.inf,
+) -> _Candidate | None:
     """Membership re-solved for repacking, never slower than what ``repack`` returns.
 
     CP-SAT runs once where it can: a re-balanced membership whose greedy layout already beats
     the upstream membership's lower bound beats mode ``repack`` whatever CP-SAT would find
     there, so only the winner is polished. Otherwise ``repack``'s exact result is computed and
     the re-balanced layout must beat it.
+
+    With ``incumbent_s`` (``repack+sizing``'s layout so far), None when no layout of the three
+    memberships (upstream, re-balanced, node-level) can even tie it, as their parents' lower
+    bounds show: then no child search runs for them.
     """
-    fixed = solve_children(problem, sizes, members, budget)
     free = membership_free_bound(problem, sizes, repack=True)  # true for any membership
+    fixed_bounds = membership_bounds(problem, sizes, members)
+    pruning = incumbent_s < math.inf and not budget.expired()
+    if pruning:  # the same stages as below, in another order: only the child search is saved
+        moved_members = _moved_members(problem, sizes, members, budget)
+        seeded = _node_seeded(problem, sizes, budget)
+        floors = [max(fixed_bounds), max(membership_bounds(problem, sizes, moved_members))]
+        if seeded is not None:
+            floors.append(max(seeded.parent_bounds))
+        if _beyond(min(floors), incumbent_s):
+            return None
+    fixed = solve_children(problem, sizes, members, budget, fixed_bounds)
     if budget.expired():
         return _Candidate(fixed.layout, fixed.evaluation, free)
-    moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
-    moved_members = make_room(problem, sizes, moved_members, clock=budget)
+    if not pruning:
+        moved_members = _moved_members(problem, sizes, members, budget)
     moved = solve_children(problem, sizes, moved_members, budget)
-    seeded = _node_seeded(problem, sizes, budget)
+    if not pruning:
+        seeded = _node_seeded(problem, sizes, budget)
     if seeded is not None and seeded.evaluation.step_s < moved.evaluation.step_s:
         moved = seeded
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
@@ -170,6 +195,22 @@ def _repack_parent(
     if moved.evaluation.step_s < best.evaluation.step_s:
         best = moved  # already beats repack's exact result; one CP-SAT solve per request
     return _Candidate(best.layout, best.evaluation, free)
+
+
+def _moved_members(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> list[list[int]]:
+    """The upstream membership re-balanced for repacking, with room made where memory binds."""
+    moved = balance(problem, sizes, "repack", start=members, clock=budget)
+    return make_room(problem, sizes, moved, clock=budget)
+
+
+def _parent_mode(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> _Candidate:
+    best = _repack_parent(problem, sizes, members, budget)
+    assert best is not None  # only pruned against an incumbent
+    return best
 
 
 def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> ChildrenSolution | None:
@@ -272,18 +313,37 @@ def _repack_sizing(
             sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
         if sized is None:
             continue
-        candidate = solve_children(problem, sized.sizes, sized.members, budget)
-        if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
+        if found is None:
+            found = solve_children(problem, sized.sizes, sized.members, budget)
+            continue
+        # Only a faster layout replaces the incumbent: skip the children of a membership
+        # whose bound says it cannot be, and stop packing them once one parent is slower.
+        incumbent = found.evaluation.step_s
+        bounds = membership_bounds(problem, sized.sizes, sized.members)
+        if _beyond(max(bounds), incumbent):
+            continue
+        limit = incumbent * (1 + BOUND_SLACK)
+        candidate = children_below(problem, sized.sizes, sized.members, budget, limit, bounds)
+        if candidate is not None and candidate.evaluation.step_s < incumbent:
             found = candidate
     uniform_bound = membership_free_bound(problem, sizes, repack=True)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
-    best = _repack_parent(problem, sizes, members, budget)
-    if found is not None and found.evaluation.step_s < best.evaluation.step_s:
+    incumbent = math.inf if found is None else found.evaluation.step_s
+    best = _repack_parent(problem, sizes, members, budget, incumbent)
+    if best is None or (found is not None and found.evaluation.step_s < best.evaluation.step_s):
+        assert found is not None
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
+
+
+def _beyond(bound_s: float, incumbent_s: float) -> bool:
+    """Whether a lower bound shows that nothing it bounds can be faster than, or as fast as,
+    ``incumbent_s``, float noise between bound and evaluation included: pruning on it leaves
+    every comparison between candidates, ties included, as if the candidate had been solved."""
+    return bound_s > incumbent_s * (1 + BOUND_SLACK)
 
 
 def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:
