@@ -297,36 +297,25 @@ def _repack_sizing(
     found: ChildrenSolution | None = None
     # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
     # same search range, and children can only speed it up) and the optimistic repacked one.
-    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that.
-    uniform = [
-        SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
-    ]
-    for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
+    for objective in SIZING_OBJECTIVES:
         if budget.expired():
             break
-        if isinstance(objective, int):
-            sized: SizedMembership | None = uniform[objective]
-            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
+        sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
+        if sized is not None:
+            found = _faster(problem, sized, found, budget)
+    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that,
+    # unless no layout of the upstream sizes can beat what the sized ones found.
+    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+    if not budget.expired() and (
+        found is None or not _beyond(uniform_bound, found.evaluation.step_s)
+    ):
+        for rebalanced in _rebalanced(problem, sizes, members, budget):
+            if budget.expired():
+                break
+            whole = evaluate(baseline_layout(sizes, rebalanced), *costs)
             if found is not None and found.evaluation.step_s <= whole.step_s:
                 continue  # already at least as fast as mode `sizing` can be with it
-        else:
-            sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
-        if sized is None:
-            continue
-        if found is None:
-            found = solve_children(problem, sized.sizes, sized.members, budget)
-            continue
-        # Only a faster layout replaces the incumbent: skip the children of a membership
-        # whose bound says it cannot be, and stop packing them once one parent is slower.
-        incumbent = found.evaluation.step_s
-        bounds = membership_bounds(problem, sized.sizes, sized.members)
-        if _beyond(max(bounds), incumbent):
-            continue
-        limit = incumbent * (1 + BOUND_SLACK)
-        candidate = children_below(problem, sized.sizes, sized.members, budget, limit, bounds)
-        if candidate is not None and candidate.evaluation.step_s < incumbent:
-            found = candidate
-    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+            found = _faster(problem, SizedMembership(sizes, rebalanced, math.inf), found, budget)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
@@ -337,6 +326,25 @@ def _repack_sizing(
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
+
+
+def _faster(
+    problem: Problem, sized: SizedMembership, found: ChildrenSolution | None, budget: Budget
+) -> ChildrenSolution:
+    """The greedy children of ``sized`` if faster than ``found`` (the first candidate if none).
+    Only a faster layout replaces the incumbent, so the children of a membership whose bound
+    says it cannot be are not searched, and the search stops once one parent is too slow."""
+    if found is None:
+        return solve_children(problem, sized.sizes, sized.members, budget)
+    incumbent = found.evaluation.step_s
+    bounds = membership_bounds(problem, sized.sizes, sized.members)
+    if _beyond(max(bounds), incumbent):
+        return found
+    limit = incumbent * (1 + BOUND_SLACK)
+    candidate = children_below(problem, sized.sizes, sized.members, budget, limit, bounds)
+    if candidate is not None and candidate.evaluation.step_s < incumbent:
+        return candidate
+    return found
 
 
 def _beyond(bound_s: float, incumbent_s: float) -> bool:
