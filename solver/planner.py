@@ -296,8 +296,9 @@ def _repack_sizing(
     costs = (problem.cost, problem.costs)
     found: ChildrenSolution | None = None
     # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
-    # same search range, and children can only speed it up) and the optimistic repacked one.
-    for objective in SIZING_OBJECTIVES:
+    # same search range, and children can only speed it up) and the optimistic repacked one,
+    # which a short request deadline (half the default or less) leaves out: it seldom wins.
+    for objective in SIZING_OBJECTIVES[: budget.evals(len(SIZING_OBJECTIVES))]:
         if budget.expired():
             break
         sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
