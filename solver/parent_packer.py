@@ -178,9 +178,20 @@ class ParentPacker:
             wider.start = start
             parents[parents.index(par)] = wider
 
-    def solve(self, low: float, high: float, clock: Budget | None = None) -> SizedMembership | None:
+    def solve(
+        self, low: float, high: float, clock: Budget | None = None, below: float = math.inf
+    ) -> SizedMembership | None:
         """Tightest packing found by bisection on the target between ``low`` and ``high``,
-        cut short (keeping the best so far) when ``clock`` runs out."""
+        cut short (keeping the best so far) when ``clock`` runs out.
+
+        ``below``: the caller only has use for packings whose estimate is under it (a layout
+        that fast is in hand, and the estimates bound layouts from below), so only targets
+        under it are searched, to the resolution the whole range would have had: each halving
+        of the range saves a bisection step."""
+        steps = BISECTION_STEPS
+        if low < below < high:
+            steps = max(1, steps - int(math.log2((high - low) / (below - low))))
+            high = below
         best: list[_OpenParent] | None = None
         best_t = math.inf
 
@@ -195,7 +206,7 @@ class ParentPacker:
             return True
 
         top = high
-        for _ in range(BISECTION_STEPS):
+        for _ in range(steps):
             if clock is not None and clock.expired():
                 break
             mid = (low + high) / 2

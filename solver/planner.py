@@ -230,11 +230,16 @@ def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> Children
 
 
 def _sized(
-    problem: Problem, request: PlanRequest, objective: Objective, high: float, budget: Budget
+    problem: Problem,
+    request: PlanRequest,
+    objective: Objective,
+    high: float,
+    budget: Budget,
+    below: float = math.inf,
 ) -> SizedMembership | None:
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     low = membership_free_bound(problem, allowed, repack=objective == "repack")
-    sized = ParentPacker(problem, allowed, objective).solve(low, high, budget)
+    sized = ParentPacker(problem, allowed, objective).solve(low, high, budget, below)
     if sized is None:
         return None
     members = balance(problem, sized.sizes, objective, start=sized.members, clock=budget)
@@ -301,7 +306,8 @@ def _repack_sizing(
     for objective in SIZING_OBJECTIVES[: budget.evals(len(SIZING_OBJECTIVES))]:
         if budget.expired():
             break
-        sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
+        below = math.inf if found is None else found.evaluation.step_s
+        sized = _sized(problem, request, objective, base.evaluation.step_s, budget, below)
         if sized is not None:
             found = _faster(problem, sized, found, budget)
     # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that,
