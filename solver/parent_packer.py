@@ -86,7 +86,7 @@ class ParentPacker:
     def pack(self, target: float) -> list[_OpenParent] | None:
         """Parents holding every sample under ``target`` seconds, or None if ranks run out.
 
-        The hot loop of the sizing modes (about 14 packs of every sample per request), so
+        The hot loop of the sizing modes (about eight packs of every sample per request), so
         ``cost`` and ``add`` are inlined here: the same float operations in the same order."""
         p = self.p
         tokens, full_s, sparse_s = p.tokens, p.full_s, p.sparse_s
