@@ -96,13 +96,10 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
     base_layout = baseline_layout(sizes, base_members)
-    base = _Candidate(
-        base_layout,
-        evaluate(base_layout, problem.cost, problem.costs),
-        membership_free_bound(problem, sizes, repack=False),
-    )
-    if request.parent_of is not None:
-        base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
+    base_eval = evaluate(base_layout, problem.cost, problem.costs)
+    # Mode `baseline` searches nothing: its layout is the upstream one by definition (the
+    # request's `parent_of`, else the token-balanced loader model), so it is its own bound.
+    base = _Candidate(base_layout, base_eval, base_eval.step_s)
     best = {
         "baseline": lambda: base,
         "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
