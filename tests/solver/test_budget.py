@@ -49,9 +49,12 @@ def test_budget_scales_deterministic_limits_only() -> None:
 def test_wall_clock_override_does_not_change_the_search(wide_step: PlanRequest) -> None:
     """What the caller passes as ``deadline_ms`` (the service: what queueing left) moves the
     safety net only; a request deadline above the default buys the default work."""
-    default = _layout(wide_step)
+    # The default work budget, the safety net out of reach (a loaded machine could fire it
+    # within the default 1 s, which would make this a test of the machine).
+    default = _layout(wide_step, deadline_ms=600_000)
     assert _layout(wide_step, deadline_ms=60_000) == default
-    assert _layout(wide_step.model_copy(update={"deadline_ms": 60_000})) == default
+    longer = wide_step.model_copy(update={"deadline_ms": 60_000})
+    assert _layout(longer, deadline_ms=600_000) == default
 
 
 def test_short_request_deadline_is_a_smaller_deterministic_search(wide_step: PlanRequest) -> None:
