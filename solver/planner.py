@@ -33,6 +33,7 @@ from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
+from solver.tilings import best_tilings
 
 ASSEMBLY_MS_PER_RANK = 0.012
 ASSEMBLY_MS_PER_SAMPLE = 0.004
@@ -50,6 +51,8 @@ BOUND_SLACK = 1e-9
 """Float noise allowed between a bound and the plan it bounds."""
 
 SIZING_OBJECTIVES: tuple[Objective, ...] = ("baseline", "repack")
+TILINGS_REPACKED = 2
+"""Fastest simple tilings (unrepacked) that ``repack+sizing`` solves children on."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,10 @@ def _sizing(
         evaluation = evaluate(layout, problem.cost, problem.costs)
         if evaluation.step_s < best.evaluation.step_s:
             best = _Candidate(layout, evaluation, bound)
+    # Simple uniform (and one-wide-rest-narrow) tilings, balanced by exact time (``tilings``).
+    world = request.cluster.world_size
+    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget)[:1]:
+        best = _Candidate(tiled.layout, tiled.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
 
@@ -268,12 +275,17 @@ def _repack_sizing(
     uniform = [
         SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
     ]
+    # ... and the simple tilings mode `sizing` tries (``tilings``): children on the fastest.
+    world = request.cluster.world_size
+    tiled = best_tilings(problem, allowed, world, base.evaluation.step_s, budget)[:TILINGS_REPACKED]
+    uniform += [SizedMembership(t.sizes, t.members, math.inf) for t in tiled]
     for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
         if budget.expired():
             break
         if isinstance(objective, int):
-            sized: SizedMembership | None = uniform[objective]
-            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
+            given = uniform[objective]
+            sized: SizedMembership | None = given
+            whole = evaluate(baseline_layout(given.sizes, given.members), *costs)
             if found is not None and found.evaluation.step_s <= whole.step_s:
                 continue  # already at least as fast as mode `sizing` can be with it
         else:
