@@ -249,7 +249,7 @@ def _sizing(
             best = _Candidate(layout, evaluation, bound)
     # Simple uniform (and one-wide-rest-narrow) tilings, balanced by exact time (``tilings``).
     world = request.cluster.world_size
-    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget)[:1]:
+    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget):
         best = _Candidate(tiled.layout, tiled.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
@@ -277,7 +277,7 @@ def _repack_sizing(
     ]
     # ... and the simple tilings mode `sizing` tries (``tilings``): children on the fastest.
     world = request.cluster.world_size
-    tiled = best_tilings(problem, allowed, world, base.evaluation.step_s, budget)[:TILINGS_REPACKED]
+    tiled = best_tilings(problem, allowed, world, base.evaluation.step_s, budget, TILINGS_REPACKED)
     uniform += [SizedMembership(t.sizes, t.members, math.inf) for t in tiled]
     for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
         if budget.expired():

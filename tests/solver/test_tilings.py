@@ -8,6 +8,7 @@ from itertools import islice
 
 import pytest
 
+from solver.bounds import aggregate_bound
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
 from solver.layout import baseline_layout, evaluate
@@ -16,7 +17,7 @@ from solver.node_membership import node_seed
 from solver.planner import plan
 from solver.problem import Problem
 from solver.schema import PlanRequest
-from solver.tilings import candidate_tilings
+from solver.tilings import candidate_tilings, fast_aggregate_bound
 from solver.trace import load_trace
 from solver.validate import validate_plan
 from tests.solver.default_profile_golden import scenario_path
@@ -75,3 +76,24 @@ def test_candidate_tilings_are_aligned_and_hold_the_longest_sample() -> None:
         for size in sizes:
             assert at % size == 0
             at += size
+
+
+@pytest.mark.parametrize("step", [SIZING_STEP, REPACK_SIZING_STEP])
+def test_fast_aggregate_bound_is_the_aggregate_bound(step: int) -> None:
+    problem = Problem.from_request(packed_step(step, "sizing"))
+    for sizes in ([8] * 8, [16] * 4, [32, 32], [16] + [8] * 6, [4] + [1] * 60, [64]):
+        assert fast_aggregate_bound(problem, sizes) == pytest.approx(
+            aggregate_bound(problem, sizes), rel=1e-12
+        )
+
+
+def test_tilings_of_a_cluster_that_is_not_a_power_of_two() -> None:
+    request = PlanRequest.model_validate(
+        {"cluster": {"nodes": 24}, "lengths": [300_000, *([2_000] * 300)]}
+    )
+    problem = Problem.from_request(request)
+    tilings = candidate_tilings(problem, [1, 2, 4, 8, 16, 32, 64, 128], 192)
+    assert [64] * 3 in tilings
+    assert all(sum(t) == 192 and max(problem.tokens) <= problem.capacity(t[0]) for t in tilings)
+    found = plan(request.model_copy(update={"mode": "sizing"}))
+    assert validate_plan(request, found) == []
