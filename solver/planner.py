@@ -275,17 +275,12 @@ def _repack_sizing(
     uniform = [
         SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
     ]
-    # ... and the simple tilings mode `sizing` tries (``tilings``): children on the fastest.
-    world = request.cluster.world_size
-    tiled = best_tilings(problem, allowed, world, base.evaluation.step_s, budget, TILINGS_REPACKED)
-    uniform += [SizedMembership(t.sizes, t.members, math.inf) for t in tiled]
     for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
         if budget.expired():
             break
         if isinstance(objective, int):
-            given = uniform[objective]
-            sized: SizedMembership | None = given
-            whole = evaluate(baseline_layout(given.sizes, given.members), *costs)
+            sized: SizedMembership | None = uniform[objective]
+            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
             if found is not None and found.evaluation.step_s <= whole.step_s:
                 continue  # already at least as fast as mode `sizing` can be with it
         else:
@@ -293,6 +288,14 @@ def _repack_sizing(
         if sized is None:
             continue
         candidate = solve_children(problem, sized.sizes, sized.members, budget)
+        if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
+            found = candidate
+    # Children on the simple tilings mode `sizing` tries (``tilings``) that beat, unrepacked,
+    # what is found so far: never slower than them, never solving hopeless ones.
+    incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
+    world = request.cluster.world_size
+    for tiled in best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED):
+        candidate = solve_children(problem, tiled.sizes, tiled.members, budget)
         if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
             found = candidate
     uniform_bound = membership_free_bound(problem, sizes, repack=True)
