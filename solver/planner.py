@@ -249,7 +249,7 @@ def _sizing(
             best = _Candidate(layout, evaluation, bound)
     # Simple uniform (and one-wide-rest-narrow) tilings, balanced by exact time (``tilings``).
     world = request.cluster.world_size
-    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget):
+    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget, skip=sizes):
         best = _Candidate(tiled.layout, tiled.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
@@ -294,7 +294,7 @@ def _repack_sizing(
     # what is found so far: never slower than them, never solving hopeless ones.
     incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
     world = request.cluster.world_size
-    for tiled in best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED):
+    for tiled in best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes):
         candidate = solve_children(problem, tiled.sizes, tiled.members, budget)
         if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
             found = candidate
