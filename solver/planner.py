@@ -294,10 +294,17 @@ def _repack_sizing(
     # what is found so far: never slower than them, never solving hopeless ones.
     incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
     world = request.cluster.world_size
-    for tiled in best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes):
-        candidate = solve_children(problem, tiled.sizes, tiled.members, budget)
-        if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
-            found = candidate
+    for i, tiled in enumerate(
+        best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes)
+    ):
+        options = [tiled.members]
+        if i == 0 and not budget.expired():  # the fastest: membership re-balanced for repacking
+            moved = balance(problem, tiled.sizes, "repack", start=tiled.members, clock=budget)
+            options.append(make_room(problem, tiled.sizes, moved, clock=budget))
+        for option in options:
+            candidate = solve_children(problem, tiled.sizes, option, budget)
+            if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
+                found = candidate
     uniform_bound = membership_free_bound(problem, sizes, repack=True)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
