@@ -41,7 +41,16 @@ def aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:
     lin = cost.linear_seconds_per_token
     a2a = {size: cost.a2a_seconds_per_token(size) for size in set(sizes)}
     cheapest = min(a2a.values())
-    forced = sum(length * sparse_a2a_floor(problem, length, sizes) for length in problem.tokens)
+    # The floor depends on a length only through which groups hold it, i.e. through
+    # ceil(length / max_tokens_per_rank): computed once per such class, not per sample.
+    floors: dict[int, float] = {}
+    per_rank = cost.max_tokens_per_rank
+    forced = 0.0
+    for length in problem.tokens:
+        ranks = ceil_div(length, per_rank)
+        if ranks not in floors:
+            floors[ranks] = sparse_a2a_floor(problem, length, sizes)
+        forced += length * floors[ranks]
     total_tokens = sum(problem.tokens)
     rank_seconds = cost.full_layers * (
         sum(problem.full_s) + total_tokens * (lin + cheapest)

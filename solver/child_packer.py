@@ -176,6 +176,8 @@ class ChildPacker:
         best = ChildSolution(
             base, self.parent_s([_OpenChild(self.start, self.size, sparse, tokens, [])])
         )
+        if self.size == 1:
+            return best  # one rank: its only child is the parent itself
         z0, m0 = self.lower_bounds()
         if math.isinf(z0) or not self.members:
             return best

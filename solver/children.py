@@ -9,6 +9,7 @@ polishes whichever parent is critical until it is proven, stops improving, or ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,15 +48,45 @@ class ChildrenSolution:
     """True lower bound of each parent's time for this membership."""
 
 
+def membership_bounds(
+    problem: Problem, sizes: Sequence[int], members: Sequence[Sequence[int]]
+) -> tuple[float, ...]:
+    """True lower bound of each parent's time for this membership, whatever its children: the
+    largest is a floor under every layout of the membership, so a planner holding a layout at
+    least that fast can skip its child search."""
+    return tuple(
+        parent_bound(problem, n, m, repack=True) for n, m in zip(sizes, members, strict=True)
+    )
+
+
 def solve_children(
     problem: Problem,
     sizes: Sequence[int],
     members: Sequence[Sequence[int]],
     budget: Budget,
+    bounds: Sequence[float] | None = None,
 ) -> ChildrenSolution:
-    """Greedy children for every parent, the one with the largest bound searched hardest."""
+    """Greedy children for every parent, the one with the largest bound searched hardest.
+    ``bounds``: the membership's ``membership_bounds`` if the caller has them already."""
+    solution = children_below(problem, sizes, members, budget, math.inf, bounds)
+    assert solution is not None  # nothing is slower than no limit
+    return solution
+
+
+def children_below(
+    problem: Problem,
+    sizes: Sequence[int],
+    members: Sequence[Sequence[int]],
+    budget: Budget,
+    limit_s: float,
+    bounds: Sequence[float] | None = None,
+) -> ChildrenSolution | None:
+    """``solve_children``, given up (None) as soon as one parent's greedy time exceeds
+    ``limit_s``: a candidate only worth having if it beats a layout of that time stops costing
+    child searches once it cannot."""
     starts = parent_starts(sizes)
-    bounds = [parent_bound(problem, n, m, repack=True) for n, m in zip(sizes, members, strict=True)]
+    if bounds is None:
+        bounds = membership_bounds(problem, sizes, members)
     order = sorted(range(len(sizes)), key=lambda j: (-bounds[j], j))
     parents: list[Parent | None] = [None] * len(sizes)
     step = 0.0
@@ -67,6 +98,8 @@ def solve_children(
         solution = packer.solve(target=step if step > bounds[j] else None)
         parents[j] = solution.parent
         step = max(step, solution.seconds)
+        if step > limit_s:
+            return None
     layout = tuple(p for p in parents if p is not None)
     return ChildrenSolution(layout, evaluate(layout, problem.cost, problem.costs), tuple(bounds))
 

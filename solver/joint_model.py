@@ -163,7 +163,7 @@ class JointModel:
         per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(cost.world_size)
         total = sum(p.sparse_s) + sum(p.tokens) * per_token
         layers = cost.full_layers + cost.sparse_layers
-        return layers * (total + sum(p.full_s)) + layers * 4 * cost.collective_seconds(2)
+        return layers * (total + sum(p.full_s)) + layers * 4 * cost.layer_fixed_seconds(2)
 
     def _exact(self, par: Parent) -> float:
         return parent_time(par, self.p.cost, self.p.costs)
@@ -251,7 +251,7 @@ class JointModel:
                 cost.full_layers
                 * (cost.linear_seconds_per_token + cost.a2a_seconds_per_token(par.size))
             )
-            const = self._units(cost.full_layers * cost.collective_seconds(par.size)) + round(
+            const = self._units(cost.full_layers * cost.layer_fixed_seconds(par.size)) + round(
                 sum(p.full_s[s] for s in kept_samples) * full_scale
             )
             # A kept child no freed sample may enter is a constant: a floor on M and Z.
@@ -261,7 +261,7 @@ class JointModel:
                 bin_ = self.bins[b]
                 if bin_.fixed and not by_bin[b]:
                     k = bin_.size
-                    coll = self._units(cost.sparse_layers * cost.collective_seconds(k))
+                    coll = self._units(cost.sparse_layers * cost.layer_fixed_seconds(k))
                     m_lo = max(m_lo, -(-sum(tokens[s] for s in bin_.kept) // k))
                     z_lo = max(z_lo, sum(self._shares(k)[s] for s in bin_.kept) + coll)
                 else:
@@ -281,7 +281,7 @@ class JointModel:
                 tok = weighted(xs, [tokens[i] for i, _ in by_bin[b]]) + kept_tok
                 share = sum(shares[s] for s in bin_.kept)
                 share_x = weighted(xs, [shares[i] for i, _ in by_bin[b]])
-                coll = self._units(cost.sparse_layers * cost.collective_seconds(k))
+                coll = self._units(cost.sparse_layers * cost.layer_fixed_seconds(k))
                 if bin_.fixed:
                     m.add(tok <= k * cap)
                     m.add(share_x + (share + coll) <= zv)

@@ -93,19 +93,22 @@ class LayoutEval:
 
 
 def evaluate(layout: Layout, cost: CostModel, costs: SampleCosts) -> LayoutEval:
-    times = tuple(parent_time(p, cost, costs) for p in layout)
-    step = max(times)
-    mean = sum(t * p.size for t, p in zip(times, layout, strict=True)) / cost.world_size
+    times: list[float] = []
     inter = 0.0
     for p in layout:
-        ranks = [n for c in p.children for n in split_tokens(child_terms(c, costs)[2], c.size)]
+        terms = [child_terms(c, costs) for c in p.children]  # once per child, not three times
+        full_s = float(costs.full_s[list(p.samples)].sum())
+        times.append(parent_seconds(cost, p.size, full_s, terms))
+        ranks = [n for k, _, tokens in terms for n in split_tokens(tokens, k)]
         inter += cost.full_layers * inter_node_bytes(cost, p.size, ranks)
-        for c in p.children:  # only an unrepacked parent wider than a node crosses nodes
-            child_ranks = split_tokens(child_terms(c, costs)[2], c.size)
-            inter += cost.sparse_layers * inter_node_bytes(cost, c.size, child_ranks)
+        for k, _, tokens in terms:  # only an unrepacked parent wider than a node crosses nodes
+            child_ranks = split_tokens(tokens, k)
+            inter += cost.sparse_layers * inter_node_bytes(cost, k, child_ranks)
+    step = max(times)
+    mean = sum(t * p.size for t, p in zip(times, layout, strict=True)) / cost.world_size
     return LayoutEval(
         step_s=step,
-        parent_s=times,
+        parent_s=tuple(times),
         inter_node_bytes=inter,
         imbalance=step / mean - 1.0 if mean > 0 else 0.0,
     )

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from solver.budget import Budget
-from solver.cost_model import ceil_div
 from solver.errors import InfeasibleRequestError
 from solver.node_packing import segments_fit, unplaced_tokens
 from solver.problem import Problem
@@ -66,33 +65,32 @@ def make_cost_fn(problem: Problem, objective: Objective) -> CostFn:
     cost = problem.cost
     nf, ns = cost.full_layers, cost.sparse_layers
     lin = cost.linear_seconds_per_token
-    # Per parent size: (1/P, seconds per busiest-rank token of a full layer, of a sparse layer).
-    coef = {
-        size: (
-            1.0 / size,
-            nf * (lin + cost.a2a_seconds_per_token(size)),
-            ns * (lin + cost.a2a_seconds_per_token(size)),
-        )
-        for size in {1 << i for i in range(cost.world_size.bit_length())}
-    }
-    # Per parent size: the fixed latency of its full layers' all-to-all calls (0 by default).
-    latency = {size: nf * cost.layer_fixed_seconds(size) for size in coef}
+    # Per parent size: (1/P, seconds per busiest-rank token of a full layer, of both layers,
+    # the fixed latency of an unrepacked parent's all-to-all calls (0 by default), of its full
+    # layers only). Precomputed because these functions run millions of times per request:
+    # the same float operations in the same order as written out in full.
+    coef: dict[int, tuple[float, float, float, float, float]] = {}
+    for size in {1 << i for i in range(cost.world_size.bit_length())}:
+        a2a = cost.a2a_seconds_per_token(size)
+        full_tok, sparse_tok = nf * (lin + a2a), ns * (lin + a2a)
+        full_latency = nf * cost.layer_fixed_seconds(size)
+        unrepacked_latency = full_latency + ns * cost.layer_fixed_seconds(size)
+        coef[size] = (1.0 / size, full_tok, full_tok + sparse_tok, unrepacked_latency, full_latency)
 
     def baseline(size: int, full: float, sparse: float, tokens: int, _: float) -> float:
-        inv, full_tok, sparse_tok = coef[size]
-        n = ceil_div(tokens, size)
-        unrepacked_latency = latency[size] + ns * cost.layer_fixed_seconds(size)
-        return (nf * full + ns * sparse) * inv + n * (full_tok + sparse_tok) + unrepacked_latency
+        inv, _f, both_tok, unrepacked_latency, _l = coef[size]
+        return (nf * full + ns * sparse) * inv + -(-tokens // size) * both_tok + unrepacked_latency
 
     def repack(size: int, full: float, sparse: float, tokens: int, single: float) -> float:
         # The parent may also stay unrepacked: never estimate it slower than that.
-        unrepacked = baseline(size, full, sparse, tokens, single)
-        if math.isinf(single):
+        inv, full_tok, both_tok, unrepacked_latency, full_latency = coef[size]
+        n = -(-tokens // size)
+        unrepacked = (nf * full + ns * sparse) * inv + n * both_tok + unrepacked_latency
+        if single == math.inf:
             return unrepacked
-        inv, full_tok, _ = coef[size]
         spread = (sparse + tokens * lin) * inv
-        repacked = nf * full * inv + ceil_div(tokens, size) * full_tok + ns * max(spread, single)
-        repacked += latency[size]  # the children's latency is in ``single`` already
+        repacked = nf * full * inv + n * full_tok + ns * max(spread, single)
+        repacked += full_latency  # the children's latency is in ``single`` already
         return min(unrepacked, repacked)
 
     def tokens_per_rank(size: int, _f: float, _s: float, tokens: int, _l: float) -> float:

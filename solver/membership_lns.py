@@ -88,6 +88,16 @@ class LnsResult:
     """Kinds of the accepted moves, in order."""
 
 
+def searches(problem: Problem, budget: Budget) -> bool:
+    """Whether the LNS runs for this request at all: CP-SAT on, and not a huge request (the
+    greedy path alone keeps those within their latency)."""
+    return (
+        budget.use_cpsat
+        and problem.num_samples <= MAX_SAMPLES
+        and problem.cost.world_size <= MAX_WORLD
+    )
+
+
 def improve(
     problem: Problem,
     layout: Layout,
@@ -98,11 +108,8 @@ def improve(
     """The incumbent improved by LNS: the neighbourhoods of the incumbent are tried in order
     until one improves it (first improvement), then the list is rebuilt for the new incumbent;
     the search ends when a whole list fails, after ``MAX_MOVES`` solves, or at the budget."""
-    cost = problem.cost
     if (
-        not budget.use_cpsat
-        or problem.num_samples > MAX_SAMPLES
-        or cost.world_size > MAX_WORLD
+        not searches(problem, budget)
         or len(layout) < 2
         or evaluation.step_s <= lower_bound_s * (1 + SETTLED_GAP)
     ):

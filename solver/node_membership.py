@@ -69,6 +69,8 @@ class NodeSeed:
         self.fixed = False
         """Membership is given: moves stay between the nodes of one parent."""
         self.work = 0
+        self.move_work = MOVE_WORK
+        """The request's share of ``MOVE_WORK`` (``Budget.evals``)."""
 
     # --- bins -------------------------------------------------------------------------------
     def _add(self, b: _Bin, s: int, sign: int = 1) -> None:
@@ -188,7 +190,7 @@ class NodeSeed:
 
     # --- moves -----------------------------------------------------------------------------
     def improve(self, clock: Budget | None = None) -> None:
-        while self.work < MOVE_WORK and not (clock is not None and clock.expired()):
+        while self.work < self.move_work and not (clock is not None and clock.expired()):
             if not self._move_one():
                 return
 
@@ -209,7 +211,7 @@ class NodeSeed:
         )
         for src in sources:
             for s in sorted(src.samples, key=p.heavy_rank.__getitem__):
-                if self.work >= MOVE_WORK:
+                if self.work >= self.move_work:
                     return False
                 saved = (src.packed, src.fresh)
                 self._add(src, s, -1)
@@ -229,7 +231,7 @@ class NodeSeed:
         """Put ``s`` (already out of ``src``) into the first receiver that keeps both parents
         under ``target``; False leaves it out."""
         for dst in receivers:
-            if dst is src or not self._room(dst, s) or self.work >= MOVE_WORK:
+            if dst is src or not self._room(dst, s) or self.work >= self.move_work:
                 continue
             q = dst.parent
             saved = (dst.packed, dst.fresh)
@@ -263,6 +265,8 @@ def node_seed(
     Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes);
     with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
     seed = NodeSeed(problem, sizes, repack)
+    if clock is not None:
+        seed.move_work = clock.evals(MOVE_WORK)  # the request's deterministic work budget
     if problem.num_samples * sum(len(bins) for bins in seed.bins) > MAX_PAIRS:
         return None
     if not seed.place(fixed):

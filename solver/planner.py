@@ -22,11 +22,17 @@ from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound, reported_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
-from solver.children import ChildrenSolution, polish, solve_children
+from solver.children import (
+    ChildrenSolution,
+    children_below,
+    membership_bounds,
+    polish,
+    solve_children,
+)
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
-from solver.membership_lns import improve
+from solver.membership_lns import improve, searches
 from solver.node_membership import node_seed
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
@@ -93,19 +99,16 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
     problem = Problem.from_request(request)
     sizes, base_members = _baseline_parents(problem, request)
     base_layout = baseline_layout(sizes, base_members)
-    base = _Candidate(
-        base_layout,
-        evaluate(base_layout, problem.cost, problem.costs),
-        membership_free_bound(problem, sizes, repack=False),
-    )
-    if request.parent_of is not None:
-        base = _Candidate(base.layout, base.evaluation, base.evaluation.step_s)  # fully given
+    base_eval = evaluate(base_layout, problem.cost, problem.costs)
+    # Mode `baseline` searches nothing: its layout is the upstream one by definition (the
+    # request's `parent_of`, else the token-balanced loader model), so it is its own bound.
+    base = _Candidate(base_layout, base_eval, base_eval.step_s)
     best = {
         "baseline": lambda: base,
         "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
         "repack+parent": lambda: _improved(
-            problem, _repack_parent(problem, sizes, base_members, budget), budget
+            problem, _parent_mode(problem, sizes, base_members, budget), budget
         ),
         "repack+sizing": lambda: _improved(
             problem, _repack_sizing(problem, request, base, sizes, base_members, budget), budget
@@ -155,23 +158,42 @@ def _fixed_best(
 
 
 def _repack_parent(
-    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
-) -> _Candidate:
+    problem: Problem,
+    sizes: list[int],
+    members: list[list[int]],
+    budget: Budget,
+    incumbent_s: float = math.inf,
+) -> _Candidate | None:
     """Membership re-solved for repacking, never slower than what ``repack`` returns.
 
     CP-SAT runs once where it can: a re-balanced membership whose greedy layout already beats
     the upstream membership's lower bound beats mode ``repack`` whatever CP-SAT would find
     there, so only the winner is polished. Otherwise ``repack``'s exact result is computed and
     the re-balanced layout must beat it.
+
+    With ``incumbent_s`` (``repack+sizing``'s layout so far), None when no layout of the three
+    memberships (upstream, re-balanced, node-level) can even tie it, as their parents' lower
+    bounds show: then no child search runs for them.
     """
-    fixed = solve_children(problem, sizes, members, budget)
     free = membership_free_bound(problem, sizes, repack=True)  # true for any membership
+    fixed_bounds = membership_bounds(problem, sizes, members)
+    pruning = incumbent_s < math.inf and not budget.expired()
+    if pruning:  # the same stages as below, in another order: only the child search is saved
+        moved_members = _moved_members(problem, sizes, members, budget)
+        seeded = _node_seeded(problem, sizes, budget)
+        floors = [max(fixed_bounds), max(membership_bounds(problem, sizes, moved_members))]
+        if seeded is not None:
+            floors.append(max(seeded.parent_bounds))
+        if _beyond(min(floors), incumbent_s):
+            return None
+    fixed = solve_children(problem, sizes, members, budget, fixed_bounds)
     if budget.expired():
         return _Candidate(fixed.layout, fixed.evaluation, free)
-    moved_members = balance(problem, sizes, "repack", start=members, clock=budget)
-    moved_members = make_room(problem, sizes, moved_members, clock=budget)
+    if not pruning:
+        moved_members = _moved_members(problem, sizes, members, budget)
     moved = solve_children(problem, sizes, moved_members, budget)
-    seeded = _node_seeded(problem, sizes, budget)
+    if not pruning:
+        seeded = _node_seeded(problem, sizes, budget)
     if seeded is not None and seeded.evaluation.step_s < moved.evaluation.step_s:
         moved = seeded
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
@@ -181,6 +203,22 @@ def _repack_parent(
     if moved.evaluation.step_s < best.evaluation.step_s:
         best = moved  # already beats repack's exact result; one CP-SAT solve per request
     return _Candidate(best.layout, best.evaluation, free)
+
+
+def _moved_members(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> list[list[int]]:
+    """The upstream membership re-balanced for repacking, with room made where memory binds."""
+    moved = balance(problem, sizes, "repack", start=members, clock=budget)
+    return make_room(problem, sizes, moved, clock=budget)
+
+
+def _parent_mode(
+    problem: Problem, sizes: list[int], members: list[list[int]], budget: Budget
+) -> _Candidate:
+    best = _repack_parent(problem, sizes, members, budget)
+    assert best is not None  # only pruned against an incumbent
+    return best
 
 
 def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> ChildrenSolution | None:
@@ -200,11 +238,16 @@ def _node_seeded(problem: Problem, sizes: list[int], budget: Budget) -> Children
 
 
 def _sized(
-    problem: Problem, request: PlanRequest, objective: Objective, high: float, budget: Budget
+    problem: Problem,
+    request: PlanRequest,
+    objective: Objective,
+    high: float,
+    budget: Budget,
+    below: float = math.inf,
 ) -> SizedMembership | None:
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     low = membership_free_bound(problem, allowed, repack=objective == "repack")
-    sized = ParentPacker(problem, allowed, objective).solve(low, high, budget)
+    sized = ParentPacker(problem, allowed, objective).solve(low, high, budget, below)
     if sized is None:
         return None
     members = balance(problem, sized.sizes, objective, start=sized.members, clock=budget)
@@ -270,26 +313,28 @@ def _repack_sizing(
     costs = (problem.cost, problem.costs)
     found: ChildrenSolution | None = None
     # Both estimates size parents: the exact unrepacked one (its membership is mode `sizing`'s,
-    # same search range, and children can only speed it up) and the optimistic repacked one.
-    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that.
-    uniform = [
-        SizedMembership(sizes, m, math.inf) for m in _rebalanced(problem, sizes, members, budget)
-    ]
-    for objective in (*SIZING_OBJECTIVES, *range(len(uniform))):
+    # same search range, and children can only speed it up) and the optimistic repacked one,
+    # which a short request deadline (half the default or less) leaves out: it seldom wins.
+    for objective in SIZING_OBJECTIVES[: budget.evals(len(SIZING_OBJECTIVES))]:
         if budget.expired():
             break
-        if isinstance(objective, int):
-            sized: SizedMembership | None = uniform[objective]
-            whole = evaluate(baseline_layout(sizes, uniform[objective].members), *costs)
+        below = math.inf if found is None else found.evaluation.step_s
+        sized = _sized(problem, request, objective, base.evaluation.step_s, budget, below)
+        if sized is not None:
+            found = _faster(problem, sized, found, budget)
+    # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that,
+    # unless no layout of the upstream sizes can beat what the sized ones found.
+    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+    if not budget.expired() and (
+        found is None or not _beyond(uniform_bound, found.evaluation.step_s)
+    ):
+        for rebalanced in _rebalanced(problem, sizes, members, budget):
+            if budget.expired():
+                break
+            whole = evaluate(baseline_layout(sizes, rebalanced), *costs)
             if found is not None and found.evaluation.step_s <= whole.step_s:
                 continue  # already at least as fast as mode `sizing` can be with it
-        else:
-            sized = _sized(problem, request, objective, base.evaluation.step_s, budget)
-        if sized is None:
-            continue
-        candidate = solve_children(problem, sized.sizes, sized.members, budget)
-        if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
-            found = candidate
+            found = _faster(problem, SizedMembership(sizes, rebalanced, math.inf), found, budget)
     # Children on the simple tilings mode `sizing` tries (``tilings``) that beat, unrepacked,
     # what is found so far: never slower than them, never solving hopeless ones.
     incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
@@ -302,15 +347,20 @@ def _repack_sizing(
             moved = balance(problem, tiled.sizes, "repack", start=tiled.members, clock=budget)
             options.append(make_room(problem, tiled.sizes, moved, clock=budget))
         for option in options:
-            candidate = solve_children(problem, tiled.sizes, option, budget)
-            if found is None or candidate.evaluation.step_s < found.evaluation.step_s:
-                found = candidate
-    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+            found = _faster(problem, SizedMembership(tiled.sizes, option, math.inf), found, budget)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
-    best = _improved(problem, _repack_parent(problem, sizes, members, budget), budget)
-    if found is not None and found.evaluation.step_s < best.evaluation.step_s:
+    # Pruning mode `repack+parent` against the sized incumbent uses the bounds of its own three
+    # memberships; the LNS moves samples beyond those, so where it runs, `repack+parent` is
+    # solved in full and searched, which keeps repack+sizing never slower than repack+parent.
+    incumbent = math.inf
+    if found is not None and not searches(problem, budget):
+        incumbent = found.evaluation.step_s
+    parent = _repack_parent(problem, sizes, members, budget, incumbent)
+    best = None if parent is None else _improved(problem, parent, budget)
+    if best is None or (found is not None and found.evaluation.step_s < best.evaluation.step_s):
+        assert found is not None
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound, best.searched)
@@ -323,6 +373,32 @@ def _improved(problem: Problem, best: _Candidate, budget: Budget) -> _Candidate:
         return best
     lns = improve(problem, best.layout, best.evaluation, budget, best.lower_bound_s)
     return _Candidate(lns.layout, lns.evaluation, best.lower_bound_s, searched=True)
+
+
+def _faster(
+    problem: Problem, sized: SizedMembership, found: ChildrenSolution | None, budget: Budget
+) -> ChildrenSolution:
+    """The greedy children of ``sized`` if faster than ``found`` (the first candidate if none).
+    Only a faster layout replaces the incumbent, so the children of a membership whose bound
+    says it cannot be are not searched, and the search stops once one parent is too slow."""
+    if found is None:
+        return solve_children(problem, sized.sizes, sized.members, budget)
+    incumbent = found.evaluation.step_s
+    bounds = membership_bounds(problem, sized.sizes, sized.members)
+    if _beyond(max(bounds), incumbent):
+        return found
+    limit = incumbent * (1 + BOUND_SLACK)
+    candidate = children_below(problem, sized.sizes, sized.members, budget, limit, bounds)
+    if candidate is not None and candidate.evaluation.step_s < incumbent:
+        return candidate
+    return found
+
+
+def _beyond(bound_s: float, incumbent_s: float) -> bool:
+    """Whether a lower bound shows that nothing it bounds can be faster than, or as fast as,
+    ``incumbent_s``, float noise between bound and evaluation included: pruning on it leaves
+    every comparison between candidates, ties included, as if the candidate had been solved."""
+    return bound_s > incumbent_s * (1 + BOUND_SLACK)
 
 
 def _outcome(best: _Candidate, base: LayoutEval, budget: Budget) -> SolveOutcome:
