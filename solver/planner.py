@@ -39,6 +39,7 @@ from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
+from solver.tilings import best_tilings
 
 ASSEMBLY_MS_PER_RANK = 0.012
 ASSEMBLY_MS_PER_SAMPLE = 0.004
@@ -56,6 +57,8 @@ BOUND_SLACK = 1e-9
 """Float noise allowed between a bound and the plan it bounds."""
 
 SIZING_OBJECTIVES: tuple[Objective, ...] = ("baseline", "repack")
+TILINGS_REPACKED = 2
+"""Fastest simple tilings (unrepacked) that ``repack+sizing`` solves children on."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,10 @@ def _sizing(
         evaluation = evaluate(layout, problem.cost, problem.costs)
         if evaluation.step_s < best.evaluation.step_s:
             best = _Candidate(layout, evaluation, bound)
+    # Simple uniform (and one-wide-rest-narrow) tilings, balanced by exact time (``tilings``).
+    world = request.cluster.world_size
+    for tiled in best_tilings(problem, allowed, world, best.evaluation.step_s, budget, skip=sizes):
+        best = _Candidate(tiled.layout, tiled.evaluation, bound)
     return _Candidate(best.layout, best.evaluation, bound)
 
 
@@ -328,6 +335,19 @@ def _repack_sizing(
             if found is not None and found.evaluation.step_s <= whole.step_s:
                 continue  # already at least as fast as mode `sizing` can be with it
             found = _faster(problem, SizedMembership(sizes, rebalanced, math.inf), found, budget)
+    # Children on the simple tilings mode `sizing` tries (``tilings``) that beat, unrepacked,
+    # what is found so far: never slower than them, never solving hopeless ones.
+    incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
+    world = request.cluster.world_size
+    for i, tiled in enumerate(
+        best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes)
+    ):
+        options = [tiled.members]
+        if i == 0 and not budget.expired():  # the fastest: membership re-balanced for repacking
+            moved = balance(problem, tiled.sizes, "repack", start=tiled.members, clock=budget)
+            options.append(make_room(problem, tiled.sizes, moved, clock=budget))
+        for option in options:
+            found = _faster(problem, SizedMembership(tiled.sizes, option, math.inf), found, budget)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
         return _Candidate(found.layout, found.evaluation, bound)
