@@ -11,6 +11,7 @@ import os
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +46,21 @@ def packed_lengths(
             parent_of.append(j)
             left -= n
     return lengths, parent_of
+
+
+def loader_request(nodes: int, gpus: int, size: int, long_share: float, seed: int) -> PlanRequest:
+    """A packed step as a loader sends it: parents of ``size`` ranks, each filled to >= 99%,
+    ``parent_of`` given; parent 0 starts with a sample of ``long_share`` of its memory."""
+    sizes = [size] * (nodes * gpus // size)
+    lengths, parent_of = packed_lengths(random.Random(seed), sizes, long_share)
+    return PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": nodes, "gpus_per_node": gpus},
+            "lengths": lengths,
+            "parent_sizes": sizes,
+            "parent_of": parent_of,
+        }
+    )
 
 
 @st.composite
@@ -96,3 +112,39 @@ def test_no_mode_is_beaten_by_the_reference(req: PlanRequest) -> None:
             continue
         got = plan(req.model_copy(update={"mode": mode}), deadline_ms=60_000)
         assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE), (mode, ref)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "size", "long_share", "seed"),
+    [
+        # 64 GPUs, four 16-rank parents packed full, one with a 60% sample: every parent ends
+        # up unrepacked in the reference, which moves short samples out of the critical one
+        # into the others' spare memory. The node stage only moved a sample into a node with
+        # room (none, the loader filled them) and charged a whole parent's re-pack for every
+        # tried move: it stopped 0.23% slower.
+        pytest.param(
+            8,
+            8,
+            16,
+            0.6,
+            1,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open (issue 8): 0.23% slower; a node stage that may overfill nodes "
+                "fixes it but moved other packed steps both ways and cost latency",
+            ),
+        ),
+        # Eight 8-rank parents (one node each): 0.29% slower. The node stage alone still loses
+        # (its move phase spends its work re-packing the critical node for heavy samples no
+        # receiver can take); the LNS stage after it (membership_lns) closes the gap.
+        (8, 8, 8, 0.6, 1),
+    ],
+)
+def test_packed_parents_give_short_samples_to_unrepacked_ones(
+    nodes: int, gpus: int, size: int, long_share: float, seed: int
+) -> None:
+    req = loader_request(nodes, gpus, size, long_share, seed)
+    ref = reference_step_s(Problem.from_request(req), [size] * (nodes * gpus // size), True)
+    assert ref is not None
+    got = plan(req.model_copy(update={"mode": "repack+parent"}), deadline_ms=60_000)
+    assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE)
