@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solver.buddy import Buddy
-from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.cost_model import ceil_div, full_layer_seconds
 from solver.layout import Child, Parent, unrepacked
 from solver.node_packing import pack_by_nodes
 from solver.problem import Problem
@@ -25,13 +25,19 @@ INITIAL_SLACK = 0.02
 MAX_GROWTHS = 12
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpenChild:
     start: int
     size: int
     sparse_s: float
     tokens: int
     samples: list[int]
+    cap: int = 0
+    """Most tokens this child may hold in the current pack (``size * mcap``)."""
+    per_token: float = 0.0
+    """``child_layer_seconds``' per-token term for ``size``, looked up once."""
+    fixed: float = 0.0
+    """``child_layer_seconds``' fixed term for ``size``."""
 
 
 @dataclass(frozen=True)
@@ -46,16 +52,40 @@ class ChildPacker:
     def __init__(self, problem: Problem, start: int, size: int, members: Sequence[int]) -> None:
         self.p = problem
         self.start, self.size = start, size
-        self.members = sorted(members, key=lambda s: (-problem.work_s[s], s))
+        rank = problem.heavy_rank  # the (-work_s, index) order, precomputed per problem
+        self.members = sorted(members, key=rank.__getitem__)
         g = problem.cost.gpus_per_node
         seg = min(size, g)
         self.segments = [(start + o, seg) for o in range(0, size, seg)]
         self.sizes = [k for k in problem.child_sizes if k <= seg]
         self.full_s = sum(problem.full_s[s] for s in members)
+        # The packs of one solve evaluate ``child_layer_seconds`` hundreds of thousands of
+        # times at 1,024 GPUs: its per-size terms are looked up once here, and each member's
+        # time alone in a child of each size (what ``_open`` tests) is computed once per solve.
+        self._terms: dict[int, tuple[float, float]] = {}
+        self._items = [(s, problem.tokens[s], problem.sparse_s[s]) for s in self.members]
+        self._alone = {
+            s: [self.child_s(k, sparse, length) for k in self.sizes]
+            for s, length, sparse in self._items
+        }
 
     # --- evaluation ---------------------------------------------------------------------
+    def terms(self, size: int) -> tuple[float, float]:
+        """``child_layer_seconds``' per-token and fixed terms for a child of ``size`` (the
+        same float operations, so ``child_s`` returns the same bits)."""
+        terms = self._terms.get(size)
+        if terms is None:
+            cost = self.p.cost
+            per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
+            terms = self._terms[size] = (per_token, cost.layer_fixed_seconds(size))
+        return terms
+
     def child_s(self, size: int, sparse: float, tokens: int) -> float:
-        return child_layer_seconds(self.p.cost, size, sparse, tokens)
+        """``child_layer_seconds``, bit for bit, with the per-size terms memoised."""
+        if tokens == 0:
+            return 0.0
+        per_token, fixed = self.terms(size)
+        return sparse / size + ceil_div(tokens, size) * per_token + fixed
 
     def parent_s(self, children: Sequence[_OpenChild]) -> float:
         cost = self.p.cost
@@ -88,18 +118,22 @@ class ChildPacker:
         mcap = min(mcap, p.cost.max_tokens_per_rank)
         buddies = [Buddy(s, n) for s, n in self.segments]
         children: list[_OpenChild] = []
-        for s in self.members:
-            length, sparse = p.tokens[s], p.sparse_s[s]
+        for s, length, sparse in self._items:
             best, best_t = None, -1.0
             for c in children:
                 tokens = c.tokens + length
-                if tokens > c.size * mcap:
+                if tokens > c.cap:
                     continue
-                t = self.child_s(c.size, c.sparse_s + sparse, tokens)
+                # child_s(c.size, c.sparse_s + sparse, tokens), inlined: the hottest line
+                if tokens == 0:
+                    t = 0.0
+                else:
+                    k = c.size
+                    t = (c.sparse_s + sparse) / k + (-(-tokens // k)) * c.per_token + c.fixed
                 if best_t < t <= z:
                     best, best_t = c, t
             if best is None:
-                best = self._open(buddies, children, length, sparse, z, mcap)
+                best = self._open(buddies, children, length, self._alone[s], z, mcap)
                 if best is None:
                     return None
             best.tokens += length
@@ -121,21 +155,27 @@ class ChildPacker:
         buddies: list[Buddy],
         children: list[_OpenChild],
         length: int,
-        sparse: float,
+        alone: list[float],
         z: float,
         mcap: int,
     ) -> _OpenChild | None:
-        for k in self.sizes:
-            if length > k * mcap or self.child_s(k, sparse, length) > z:
+        """A new child of the smallest size that takes the sample under ``z`` (``alone``: its
+        time alone in a child of each of ``self.sizes``), in the segment whose smallest
+        fitting free block is smallest (first such segment on ties)."""
+        for k, t in zip(self.sizes, alone, strict=True):
+            if length > k * mcap or t > z:
                 continue
-            fits = [(b.smallest_fit(k), i) for i, b in enumerate(buddies)]
-            options = [(f, i) for f, i in fits if f is not None]
-            if not options:
+            best_fit, best_i = 0, -1
+            for i, b in enumerate(buddies):
+                fit = b.smallest_fit(k)
+                if fit is not None and (best_i < 0 or fit < best_fit):
+                    best_fit, best_i = fit, i
+            if best_i < 0:
                 continue
-            _, i = min(options)
-            start = buddies[i].take(k)
+            start = buddies[best_i].take(k)
             assert start is not None
-            child = _OpenChild(start, k, 0.0, 0, [])
+            per_token, fixed = self.terms(k)
+            child = _OpenChild(start, k, 0.0, 0, [], k * mcap, per_token, fixed)
             children.append(child)
             return child
         return None
@@ -156,6 +196,7 @@ class ChildPacker:
             if start is None:
                 return
             c.start, c.size = start, 2 * c.size
+            c.per_token, c.fixed = self.terms(c.size)  # (cap no longer read: packing is over)
 
     # --- search -------------------------------------------------------------------------
     def to_parent(self, children: Sequence[_OpenChild]) -> Parent:
@@ -186,10 +227,16 @@ class ChildPacker:
             # Nodes first: the only packing that fits when memory is tight, often the best.
             best = ChildSolution(*by_nodes)
 
+        tried: dict[tuple[float, int], bool] = {}  # a repeated pack gives the same answer
+
         def consider(slack: float) -> bool:
             nonlocal best
             mcap = p.cost.max_tokens_per_rank if math.isinf(slack) else math.floor(m0 * (1 + slack))
-            children = self.pack(z0 * (1 + slack), mcap)
+            z = z0 * (1 + slack)
+            if (z, mcap) in tried:
+                return tried[z, mcap]
+            children = self.pack(z, mcap)
+            tried[z, mcap] = children is not None
             if children is None:
                 return False
             t = self.parent_s(children)
