@@ -64,10 +64,15 @@ class ChildPacker:
         # time alone in a child of each size (what ``_open`` tests) is computed once per solve.
         self._terms: dict[int, tuple[float, float]] = {}
         self._items = [(s, problem.tokens[s], problem.sparse_s[s]) for s in self.members]
-        self._alone = {
-            s: [self.child_s(k, sparse, length) for k in self.sizes]
-            for s, length, sparse in self._items
-        }
+        self._alone = [(k, problem.alone_s[k]) for k in self.sizes]
+        # Fewest tokens and least sparse time among the members from the i-th on (``_full``).
+        self._least_tokens = [0] * len(self._items)
+        self._least_sparse = [0.0] * len(self._items)
+        least_tokens, least_sparse = math.inf, math.inf
+        for i in reversed(range(len(self._items))):
+            _, length, sparse = self._items[i]
+            least_tokens, least_sparse = min(least_tokens, length), min(least_sparse, sparse)
+            self._least_tokens[i], self._least_sparse[i] = int(least_tokens), least_sparse
 
     # --- evaluation ---------------------------------------------------------------------
     def terms(self, size: int) -> tuple[float, float]:
@@ -118,9 +123,10 @@ class ChildPacker:
         mcap = min(mcap, p.cost.max_tokens_per_rank)
         buddies = [Buddy(s, n) for s, n in self.segments]
         children: list[_OpenChild] = []
-        for s, length, sparse in self._items:
+        live: list[_OpenChild] = []  # children some remaining member may still fit, in order
+        for i, (s, length, sparse) in enumerate(self._items):
             best, best_t = None, -1.0
-            for c in children:
+            for c in live:
                 tokens = c.tokens + length
                 if tokens > c.cap:
                     continue
@@ -133,9 +139,14 @@ class ChildPacker:
                 if best_t < t <= z:
                     best, best_t = c, t
             if best is None:
-                best = self._open(buddies, children, length, self._alone[s], z, mcap)
+                # Children full even for the smallest remaining member stay out of later scans
+                # (no choice changes: they would be skipped anyway). Swept only here, when the
+                # scan found no room, so the sweep costs little.
+                live = self._unfilled(live, i, z)
+                best = self._open(buddies, children, s, length, z, mcap)
                 if best is None:
                     return None
+                live.append(best)
             best.tokens += length
             best.sparse_s += sparse
             best.samples.append(s)
@@ -150,26 +161,44 @@ class ChildPacker:
             for offset in range(0, size, largest)
         ]
 
+    def _unfilled(self, children: list[_OpenChild], i: int, z: float) -> list[_OpenChild]:
+        """``children`` that a member from the ``i``-th on may still fit under ``z``: a child
+        too full for one with the fewest tokens and the least sparse time among them is too
+        full for all of them (``child_s`` only grows with either, float rounding included)."""
+        least_tokens, least_sparse = self._least_tokens[i], self._least_sparse[i]
+        kept = []
+        for c in children:
+            tokens = c.tokens + least_tokens
+            if tokens > c.cap:
+                continue
+            if tokens != 0:  # child_s(c.size, c.sparse_s + least_sparse, tokens) > z, inlined
+                k = c.size
+                if (c.sparse_s + least_sparse) / k + (-(-tokens // k)) * c.per_token + c.fixed > z:
+                    continue
+            kept.append(c)
+        return kept
+
     def _open(
         self,
         buddies: list[Buddy],
         children: list[_OpenChild],
+        s: int,
         length: int,
-        alone: list[float],
         z: float,
         mcap: int,
     ) -> _OpenChild | None:
-        """A new child of the smallest size that takes the sample under ``z`` (``alone``: its
-        time alone in a child of each of ``self.sizes``), in the segment whose smallest
-        fitting free block is smallest (first such segment on ties)."""
-        for k, t in zip(self.sizes, alone, strict=True):
-            if length > k * mcap or t > z:
+        """A new child for sample ``s``: of the smallest size that takes it under ``z``, in the
+        segment whose smallest fitting free block is smallest (the first such on ties)."""
+        for k, alone in self._alone:
+            if length > k * mcap or alone[s] > z:
                 continue
+            # The smallest free block of at least k over all segments (Buddy.smallest_fit per
+            # segment, then the least (fit, segment)), in one pass.
             best_fit, best_i = 0, -1
             for i, b in enumerate(buddies):
-                fit = b.smallest_fit(k)
-                if fit is not None and (best_i < 0 or fit < best_fit):
-                    best_fit, best_i = fit, i
+                for _, fit in b.free:
+                    if fit >= k and (best_i < 0 or fit < best_fit):
+                        best_fit, best_i = fit, i
             if best_i < 0:
                 continue
             start = buddies[best_i].take(k)
