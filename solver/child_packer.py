@@ -63,6 +63,7 @@ class ChildPacker:
         # times at 1,024 GPUs: its per-size terms are looked up once here, and each member's
         # time alone in a child of each size (what ``_open`` tests) is computed once per solve.
         self._terms: dict[int, tuple[float, float]] = {}
+        self.z_mattered = False
         self._items = [(s, problem.tokens[s], problem.sparse_s[s]) for s in self.members]
         self._alone = [(k, problem.alone_s[k]) for k in self.sizes]
         # Fewest tokens and least sparse time among the members from the i-th on (``_full``).
@@ -118,9 +119,13 @@ class ChildPacker:
 
     # --- packing ------------------------------------------------------------------------
     def pack(self, z: float, mcap: int) -> list[_OpenChild] | None:
-        """Children with sparse-layer time <= z and at most ``mcap`` tokens on any rank."""
+        """Children with sparse-layer time <= z and at most ``mcap`` tokens on any rank.
+
+        Sets ``z_mattered``: whether any test against ``z`` failed. A pack that fails without
+        one would take the same steps, and fail the same way, under any larger ``z``."""
         p = self.p
         mcap = min(mcap, p.cost.max_tokens_per_rank)
+        self.z_mattered = False
         buddies = [Buddy(s, n) for s, n in self.segments]
         children: list[_OpenChild] = []
         live: list[_OpenChild] = []  # children some remaining member may still fit, in order
@@ -136,7 +141,9 @@ class ChildPacker:
                 else:
                     k = c.size
                     t = (c.sparse_s + sparse) / k + (-(-tokens // k)) * c.per_token + c.fixed
-                if best_t < t <= z:
+                if t > z:
+                    self.z_mattered = True
+                elif t > best_t:
                     best, best_t = c, t
             if best is None:
                 # Children full even for the smallest remaining member stay out of later scans
@@ -174,6 +181,7 @@ class ChildPacker:
             if tokens != 0:  # child_s(c.size, c.sparse_s + least_sparse, tokens) > z, inlined
                 k = c.size
                 if (c.sparse_s + least_sparse) / k + (-(-tokens // k)) * c.per_token + c.fixed > z:
+                    self.z_mattered = True
                     continue
             kept.append(c)
         return kept
@@ -190,7 +198,10 @@ class ChildPacker:
         """A new child for sample ``s``: of the smallest size that takes it under ``z``, in the
         segment whose smallest fitting free block is smallest (the first such on ties)."""
         for k, alone in self._alone:
-            if length > k * mcap or alone[s] > z:
+            if length > k * mcap:
+                continue
+            if alone[s] > z:
+                self.z_mattered = True
                 continue
             # The smallest free block of at least k over all segments (Buddy.smallest_fit per
             # segment, then the least (fit, segment)), in one pass.
@@ -256,17 +267,22 @@ class ChildPacker:
             # Nodes first: the only packing that fits when memory is tight, often the best.
             best = ChildSolution(*by_nodes)
 
-        tried: dict[tuple[float, int], bool] = {}  # a repeated pack gives the same answer
+        # Per token cap (as ``pack`` clamps it): the least z whose pack failed without any
+        # test against z failing, so every pack with that cap and a z at least that fails too
+        # (at 1,024 GPUs most parents are token-bound and the slack growth repeats such packs).
+        hopeless: dict[int, float] = {}
 
         def consider(slack: float) -> bool:
             nonlocal best
             mcap = p.cost.max_tokens_per_rank if math.isinf(slack) else math.floor(m0 * (1 + slack))
             z = z0 * (1 + slack)
-            if (z, mcap) in tried:
-                return tried[z, mcap]
+            cap = min(mcap, p.cost.max_tokens_per_rank)
+            if z >= hopeless.get(cap, math.inf):
+                return False
             children = self.pack(z, mcap)
-            tried[z, mcap] = children is not None
             if children is None:
+                if not self.z_mattered:
+                    hopeless[cap] = min(z, hopeless.get(cap, math.inf))
                 return False
             t = self.parent_s(children)
             if t < best.seconds:
