@@ -26,10 +26,12 @@ class Buddy:
 
     def take(self, size: int) -> int | None:
         """Start of a free block of ``size`` split off the smallest fitting block, or None."""
-        fitting = [b for b in self.free if b[1] >= size]
-        if not fitting:
+        block = None  # the least (size, start) of the blocks of at least ``size``
+        for b in self.free:
+            if b[1] >= size and (block is None or (b[1], b[0]) < (block[1], block[0])):
+                block = b
+        if block is None:
             return None
-        block = min(fitting, key=lambda b: (b[1], b[0]))
         self.free.remove(block)
         start, have = block
         while have > size:

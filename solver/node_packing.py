@@ -36,10 +36,13 @@ def _first_fit_decreasing(
     """Members by decreasing length into ``bins`` bins of ``capacity`` tokens (first fit)."""
     room = [capacity] * bins
     out: list[list[int]] = [[] for _ in range(bins)]
-    for s in sorted(members, key=lambda s: (-problem.tokens[s], s)):
-        n = problem.tokens[s]
-        b = next((b for b in range(bins) if room[b] >= n), None)
-        if b is None:
+    tokens = problem.tokens
+    for s in sorted(members, key=lambda s: (-tokens[s], s)):
+        n = tokens[s]
+        for b in range(bins):  # the first bin with room
+            if room[b] >= n:
+                break
+        else:
             return None
         room[b] -= n
         out[b].append(s)
@@ -47,17 +50,24 @@ def _first_fit_decreasing(
 
 
 def _lpt(
-    problem: Problem, members: Sequence[int], bins: int, ranks: int, capacity: int
+    problem: Problem,
+    members: Sequence[int],
+    bins: int,
+    ranks: int,
+    capacity: int,
+    *,
+    ordered: bool = False,
 ) -> tuple[list[list[int]], list[int], list[float]] | None:
     """Members by decreasing work, each to the least loaded bin with room (LPT); bins of
     ``ranks`` ranks with ``capacity`` tokens. ``(groups, tokens, sparse seconds)`` per bin, or
-    None when a member finds no room."""
+    None when a member finds no room. ``ordered``: ``members`` are in ``heavy_rank`` order
+    already."""
     work, tokens, sparse = problem.work_s, problem.tokens, problem.sparse_s
     heap = [(0.0, b) for b in range(bins)]
     room = [capacity] * bins
     sparse_sum = [0.0] * bins
     out: list[list[int]] = [[] for _ in range(bins)]
-    for s in sorted(members, key=problem.heavy_rank.__getitem__):
+    for s in members if ordered else sorted(members, key=problem.heavy_rank.__getitem__):
         n = tokens[s]
         if bins == 1:
             if room[0] < n:
@@ -123,10 +133,11 @@ def children_of_segment(
         cost.linear_seconds_per_token + cost.a2a_seconds_per_token(parent_size)
     )
     best: tuple[float, list[Child], float, int] | None = None
+    order = sorted(members, key=problem.heavy_rank.__getitem__)  # once for every size
     for k in problem.child_sizes:
         if k > seg:
             break
-        packed = _lpt(problem, members, seg // k, k, problem.capacity(k))
+        packed = _lpt(problem, order, seg // k, k, problem.capacity(k), ordered=True)
         if packed is None:
             continue
         groups, tokens, sparse = packed

@@ -49,6 +49,21 @@ class Problem:
         return tuple(s + t * lin for s, t in zip(self.sparse_s, self.tokens, strict=True))
 
     @cached_property
+    def alone_s(self) -> dict[int, tuple[float, ...]]:
+        """Per child size: each sample's sparse-layer time alone in a child of that size, what
+        the child packer tests before opening a child. ``child_layer_seconds`` vectorised: the
+        same float operations in the same order, so the same bits."""
+        cost = self.cost
+        tokens = np.asarray(self.tokens, dtype=np.int64)
+        sparse = np.asarray(self.sparse_s, dtype=np.float64)
+        table = {}
+        for k in self.child_sizes:
+            per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(k)
+            t = sparse / k + -(-tokens // k) * per_token + cost.layer_fixed_seconds(k)
+            table[k] = tuple(np.where(tokens == 0, 0.0, t).tolist())
+        return table
+
+    @cached_property
     def heavy_rank(self) -> tuple[int, ...]:
         """Position of each sample in decreasing-work order (index breaks ties): a sort key
         that costs no Python call per comparison."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from solver.child_packer import ChildPacker
 from solver.cost_model import (
     CostModel,
     SampleCosts,
@@ -273,3 +274,35 @@ def test_fixed_cost_terms_keep_plans_valid_and_bounds_true(mode: str) -> None:
     t0 = step_seconds(base, priced, cost0, SampleCosts.build(cost0, lengths))
     t1 = step_seconds(slow, priced, cost1, SampleCosts.build(cost1, lengths))
     assert t1 >= t0 + (cost1.full_layers + cost1.sparse_layers) * 400e-6 * 0.999
+
+
+@pytest.mark.parametrize("latency_us", [0.0, 15.0])
+def test_child_packer_times_are_child_layer_seconds_bit_for_bit(latency_us: float) -> None:
+    """The child packer's precomputed times (``Problem.alone_s``, vectorised, and
+    ``ChildPacker.child_s`` with per-size terms memoised) are ``child_layer_seconds`` to the
+    last bit, fixed terms included: its choices compare them, so a last-bit change could
+    change a plan."""
+    lengths = [30000, 9000, 120, 7, 4000, 2200, 61, 800, 3, 1, 4097, 8191]
+    cluster = {"nodes": 2, "gpus_per_node": 8, "max_tokens_per_rank": 4096}
+    profile = Profile(
+        name="fixed-costs",
+        layer_overhead_us=400.0,
+        sample_overhead_us_sparse=40.0,
+        collective_latency_us=latency_us,
+    )
+    req = PlanRequest.model_validate({"cluster": cluster, "lengths": lengths, "profile": profile})
+    problem = Problem.from_request(req)
+    samples = range(problem.num_samples)
+    assert set(problem.alone_s) == set(problem.child_sizes)
+    for k, times in problem.alone_s.items():
+        exact = [
+            child_layer_seconds(problem.cost, k, problem.sparse_s[s], problem.tokens[s])
+            for s in samples
+        ]
+        assert list(times) == exact
+    packer = ChildPacker(problem, 0, 16, list(samples))
+    for k in (1, 2, 4, 8, 16):
+        for sparse, tokens in [(0.0, 0), (1e-3, 1), (0.37, 12_345), (2.5e-5, 8_191)]:
+            assert packer.child_s(k, sparse, tokens) == child_layer_seconds(
+                problem.cost, k, sparse, tokens
+            )
