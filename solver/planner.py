@@ -39,7 +39,7 @@ from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
-from solver.tilings import best_tilings
+from solver.tilings import best_tilings, candidate_tilings, tiling_memberships
 
 ASSEMBLY_MS_PER_RANK = 0.012
 ASSEMBLY_MS_PER_SAMPLE = 0.004
@@ -339,18 +339,27 @@ def _repack_sizing(
     # what is found so far: never slower than them, never solving hopeless ones.
     incumbent = base.evaluation.step_s if found is None else found.evaluation.step_s
     world = request.cluster.world_size
-    for i, tiled in enumerate(
-        best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes)
-    ):
+    tiled_best = best_tilings(problem, allowed, world, incumbent, budget, TILINGS_REPACKED, sizes)
+    for i, tiled in enumerate(tiled_best):
         options = [tiled.members]
         if i == 0 and not budget.expired():  # the fastest: membership re-balanced for repacking
             moved = balance(problem, tiled.sizes, "repack", start=tiled.members, clock=budget)
             options.append(make_room(problem, tiled.sizes, moved, clock=budget))
         for option in options:
             found = _faster(problem, SizedMembership(tiled.sizes, option, math.inf), found, budget)
+    # Repacking can turn a tiling slow unrepacked (wide parents) into the fastest: the full
+    # repack+parent pipeline on the most promising one by its repacked bound, pruned by it.
+    tried = [list(sizes), *(t.sizes for t in tiled_best)]
+    wide, tiling = None, None
+    if found is not None and not budget.expired():
+        wide = _wide_tiling(problem, allowed, world, found.evaluation.step_s, budget, tried)
+    if wide is not None:
+        assert found is not None
+        found_s = found.evaluation.step_s
+        tiling = _repack_parent(problem, *wide, budget, found_s)
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
-        return _Candidate(found.layout, found.evaluation, bound)
+        return _faster_candidate(_Candidate(found.layout, found.evaluation, bound), tiling, bound)
     # Pruning mode `repack+parent` against the sized incumbent uses the bounds of its own three
     # memberships; the LNS moves samples beyond those, so where it runs, `repack+parent` is
     # solved in full and searched, which keeps repack+sizing never slower than repack+parent.
@@ -362,8 +371,41 @@ def _repack_sizing(
     if best is None or (found is not None and found.evaluation.step_s < best.evaluation.step_s):
         assert found is not None
         found = polish(problem, found, budget)
-        return _Candidate(found.layout, found.evaluation, bound)
-    return _Candidate(best.layout, best.evaluation, bound, best.searched)
+        return _faster_candidate(_Candidate(found.layout, found.evaluation, bound), tiling, bound)
+    return _faster_candidate(
+        _Candidate(best.layout, best.evaluation, bound, best.searched), tiling, bound
+    )
+
+
+def _wide_tiling(
+    problem: Problem,
+    allowed: list[int],
+    world: int,
+    incumbent_s: float,
+    budget: Budget,
+    tried: list[list[int]],
+) -> tuple[list[int], list[list[int]]] | None:
+    """The candidate tiling with a parent wider than a node (where node-local children gain
+    most, so unrepacked time ranks it worst) not yet tried with the lowest repacked bound, if
+    that bound can beat ``incumbent_s``, with its exact-time membership (``tilings``)."""
+    ranked = sorted(
+        (membership_free_bound(problem, t, repack=True), t)
+        for t in candidate_tilings(problem, allowed, world)
+        if t not in tried and max(t) > problem.cost.gpus_per_node
+    )
+    if not ranked or _beyond(ranked[0][0], incumbent_s):
+        return None
+    members = tiling_memberships(problem, ranked[0][1], budget)
+    if not members:
+        return None
+    return ranked[0][1], members[0]
+
+
+def _faster_candidate(best: _Candidate, other: _Candidate | None, bound: float) -> _Candidate:
+    """``other`` (already polished, not searched) where strictly faster than ``best``."""
+    if other is not None and other.evaluation.step_s < best.evaluation.step_s:
+        return _Candidate(other.layout, other.evaluation, bound)
+    return best
 
 
 def _improved(problem: Problem, best: _Candidate, budget: Budget) -> _Candidate:

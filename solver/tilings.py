@@ -72,7 +72,7 @@ def candidate_tilings(problem: Problem, allowed: Sequence[int], world: int) -> l
     return [t for t in out if _aligned(world, t)][:MAX_TILINGS]
 
 
-def _memberships(problem: Problem, sizes: list[int], budget: Budget) -> list[list[list[int]]]:
+def tiling_memberships(problem: Problem, sizes: list[int], budget: Budget) -> list[list[list[int]]]:
     """Exact-time LPT + local search; where it runs out of packed memory, the node-level LPT
     (every parent whole), but only for tilings of at most one parent per node: with many narrow
     parents it costs ~10x the LPT (measured 72 ms at 64 GPUs for [8] + [1] * 56) for a tiling
@@ -139,7 +139,7 @@ def best_tilings(
         if floor >= limit or budget.expired():
             break
         best: Tiled | None = None
-        for members in _memberships(problem, sizes, budget):
+        for members in tiling_memberships(problem, sizes, budget):
             layout = baseline_layout(sizes, members)
             evaluation = evaluate(layout, problem.cost, problem.costs)
             if best is None or evaluation.step_s < best.evaluation.step_s:

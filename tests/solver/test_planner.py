@@ -5,15 +5,21 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from itertools import islice
 
 import pytest
 
+from solver.budget import Budget
 from solver.errors import PlanningError
 from solver.plan_builder import canonical_json
-from solver.planner import plan
+from solver.planner import _repack_parent, plan
+from solver.problem import Problem
 from solver.schema import Plan, PlanRequest
+from solver.tilings import tiling_memberships
+from solver.trace import load_trace
 from solver.validate import validate_plan
 from tests.helpers import ROOT, example_request, long_tailed_lengths, request
+from tests.solver.default_profile_golden import scenario_path
 
 MODES = ("baseline", "sizing", "repack", "repack+parent", "repack+sizing")
 ORDERED_CHAINS = (
@@ -164,3 +170,17 @@ def test_toy_scale_metrics_validate_and_dumped_requests_reload() -> None:
         assert p.metrics.step_time_ms < 1e-2
         assert validate_plan(req, p) == [], mode
     assert PlanRequest.model_validate(req.model_dump()) == req
+
+
+def test_repack_sizing_repacks_a_wide_tiling_slow_unrepacked() -> None:
+    """Packed step 159: the tiling [32, 32] is the slowest unrepacked but the fastest with
+    repack+parent's pipeline; repack+sizing must be at least as fast as that pipeline on it."""
+    step = next(islice(load_trace(scenario_path("gpu64-packed.yaml")), 159, None))
+    step = step.model_copy(update={"mode": "repack+sizing", "deadline_ms": 60000})
+    problem = Problem.from_request(step)
+    budget = Budget(60000.0, True)
+    members = tiling_memberships(problem, [32, 32], budget)[0]
+    wide = _repack_parent(problem, [32, 32], members, budget)
+    assert wide is not None
+    result = plan(step)
+    assert result.metrics.step_time_ms <= wide.evaluation.step_s * 1e3 * (1 + 1e-9)
