@@ -151,7 +151,7 @@ def fit_report(fitted: FittedProfile) -> str:
     for term in (*PARTS, *LINKS):
         fit = fitted.fits.get(term)
         if fit is None:
-            rows.append([term, "not measured", "", "", ""])
+            rows.append([term, "not measured", "", "", "", ""])
             continue
         if term in PARTS:
             value = f"{fitted.part_efficiency[term]:.4g} of peak"
