@@ -18,17 +18,20 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from cli.calibrate import fit_report, profile_document, toy_model_spec
-from runtime_client.all_to_all import RepackComm
+from cli.calibrate import (
+    calibrated_profile,
+    fit_report,
+    profile_document,
+    step_fit_report,
+    toy_model_spec,
+)
 from runtime_client.calibrate import CalibrationConfig, run_calibration
+from runtime_client.calibration_steps import run_toy_step
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.local_launch import run_local_ranks
-from runtime_client.local_layout import LocalLayout, plan_lengths
-from runtime_client.step_timer import StepTimer, TimedAttention
-from runtime_client.toy_model import RepackAttention, ToyConfig, ToyModel, synthetic_batch
+from runtime_client.step_timer import StepTimer
+from runtime_client.toy_model import ToyConfig, ToyModel
 from solver.calibration_profile import fit_profile
 from solver.cost_model import CostModel, SampleCosts
 from solver.planner import plan as solve
@@ -63,6 +66,9 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         repeats=args.repeats,
         statistic=args.statistic,
         pack=args.pack,
+        steps=args.calibration_steps,
+        step_tokens_per_rank=args.max_tokens_per_rank,
+        step_repeats=args.step_repeats,
     )
     t0 = time.time()
     measured = run_calibration(config)
@@ -75,12 +81,15 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         measured.compute,
         peak_tflops=measured.peak_tflops,
     )
-    profile = profile_document("calibrated", fitted)
+    parts_profile = profile_document("calibrated", fitted)
+    profile, step_fit = calibrated_profile("calibrated", fitted, measured.steps)
     groups = RepackGroups(GroupConfig(world_size=world, gpus_per_node=args.gpus_per_node)).setup()
     torch.manual_seed(0)
     toy = ToyModel(config.model)
     optimizer = torch.optim.AdamW(toy.parameters(), lr=1e-3)
-    timer = StepTimer().attach(toy.blocks, [config.model.pattern[i % 4] for i in range(4)])
+    pattern = config.model.pattern
+    kinds = [pattern[i % len(pattern)] for i in range(config.model.layers)]
+    timer = StepTimer().attach(toy.blocks, kinds)
     rows = []
     for step in range(args.steps):
         lengths = step_lengths(0, step, args.tokens_per_step, world * args.max_tokens_per_rank)
@@ -94,30 +103,24 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         )
         priced = request.model_copy(update={"profile": Profile.model_validate(profile)})
         plan = solve(priced, deadline_ms=10_000, use_cpsat=False)
-        layout = LocalLayout.from_plan(plan, rank)
-        tokens_T, labels_T = synthetic_batch(plan_lengths(plan), config.model.vocab, seed=step)
-        backend = TimedAttention(RepackAttention(RepackComm(layout, groups)), timer)
-        runs = []
-        for _ in range(args.step_repeats):  # the same step again: keep its least disturbed run
-            dist.barrier()
-            timer.start()
-            logits = toy(tokens_T[layout.global_index_N], layout.position_ids_N, backend)
-            loss = F.cross_entropy(logits, labels_T[layout.global_index_N], reduction="sum")
-            optimizer.zero_grad()
-            loss.backward()
-            grads = [p.grad for p in toy.parameters() if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])  # one bucket, as DDP would
-            dist.all_reduce(flat)
-            torch._utils._unflatten_dense_tensors(flat, grads)
-            runs.append(timer.finish(plan.plan_id))
+        m = run_toy_step(toy, plan, rank, groups, timer, seed=step, repeats=args.step_repeats)
         optimizer.step()
-        m = min(runs, key=lambda r: r.step_time_ms)
-        rows.append({"step": step, "predicted_ms": plan.metrics.step_time_ms, **m.model_dump()})
+        parts_priced = request.model_copy(update={"profile": Profile.model_validate(parts_profile)})
+        cost = CostModel.from_request(parts_priced)
+        parts_ms = step_seconds(parts_priced, plan, cost, SampleCosts.build(cost, lengths)) * 1e3
+        rows.append(
+            {
+                "step": step,
+                "predicted_ms": plan.metrics.step_time_ms,
+                "parts_predicted_ms": parts_ms,
+                **m.model_dump(),
+            }
+        )
         rows[-1]["request"], rows[-1]["plan"] = priced.model_dump_json(), plan.model_dump_json()
         rows[-1]["layers_sum_ms"] = m.layers.full_ms + m.layers.sparse_ms if m.layers else None
     return {
         "profile": profile,
-        "report": fit_report(fitted),
+        "report": fit_report(fitted) + ("\n" + step_fit_report(step_fit) if step_fit else ""),
         "rows": rows,
         "calibrate_s": calibrate_s,
         "steps_s": time.time() - t0 - calibrate_s,
@@ -170,7 +173,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=30, help="training steps compared")
+    p.add_argument(
+        "--calibration-steps",
+        type=int,
+        default=24,
+        help="whole steps timed by the calibration itself (its own lengths; 0 = parts only)",
+    )
     p.add_argument("--toy", choices=sorted(TOY_SIZES), default="small")
     p.add_argument("--mode", default="repack+sizing")
     p.add_argument("--max-tokens-per-rank", type=int, default=128)
@@ -194,6 +203,10 @@ def main() -> None:
         f"steps {out['steps_s']:.0f} s)"
     )
     rows = out["rows"]
+    print(
+        "whole step, profile of the parts alone: "
+        + distribution([r["parts_predicted_ms"] / r["step_time_ms"] - 1 for r in rows])
+    )
     for label, key in (("whole step", "step_time_ms"), ("layers fwd+bwd", "layers_sum_ms")):
         print(label + ": " + distribution([r["predicted_ms"] / r[key] - 1 for r in rows]))
         k = args.refit_steps

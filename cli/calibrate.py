@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,8 +20,18 @@ from cli.errors import InputError
 from cli.options import positive_int
 from cli.output import format_table, write_atomic
 from solver.calibration_fit import CalibrationFitError
-from solver.calibration_profile import LINKS, PARTS, FittedProfile, fit_profile, fitted_profile
+from solver.calibration_profile import (
+    LINKS,
+    PARTS,
+    FittedProfile,
+    fit_profile,
+    fit_steps,
+    fitted_profile,
+    timed_model_spec,
+)
 from solver.cost_model import CostModel
+from solver.profile_feedback import Observation, Refit
+from solver.profiles import Profile
 from solver.schema import ClusterSpec, ModelSpec
 
 
@@ -75,6 +86,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="all-to-all payloads in tokens per rank (comma-separated)",
     )
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per point")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=24,
+        metavar="N",
+        help="whole training steps of the timed model to fit the per-collective latency, compute "
+        "scale and per-layer time to (gloo ranks; 0 = parts only)",
+    )
+    p.add_argument(
+        "--step-tokens-per-rank",
+        type=positive_int,
+        default=128,
+        metavar="T",
+        help="max tokens per rank of those steps",
+    )
     p.set_defaults(run=run)
 
 
@@ -89,18 +115,28 @@ def run(args: argparse.Namespace) -> int:
     g = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if world % g != 0 and world > g:
         raise InputError(f"--gpus-per-node {g} does not divide the {world} ranks")
+    if args.steps < 0:
+        raise InputError(f"--steps: expected >= 0, got {args.steps}")
+    on_cpu = args.local_ranks or args.backend == "gloo"
+    if args.steps and not on_cpu:
+        print(f"--steps: whole steps run on gloo ranks only; the {args.backend} fit uses parts")
     config = CalibrationConfig(
         gpus_per_node=min(g, world),
         lengths=args.lengths,
         payload_tokens=args.payload_tokens,
         repeats=args.repeats,
+        steps=args.steps if on_cpu else 0,
+        step_tokens_per_rank=args.step_tokens_per_rank,
     )
     measured: Measurements | None = _measure(args, config, world)
     if measured is None:
         return 0  # not rank 0: rank 0 reports
     fitted = _fit(measured, config)
     print(fit_report(fitted))
-    write_atomic(args.out, json.dumps(profile_document(args.name, fitted), indent=1) + "\n")
+    document, step_fit = calibrated_profile(args.name, fitted, measured.steps)
+    if step_fit is not None:
+        print(step_fit_report(step_fit))
+    write_atomic(args.out, json.dumps(document, indent=1) + "\n")
     print(f"profile {args.name!r} written to {args.out}")
     return 0
 
@@ -115,21 +151,7 @@ def _measure(args: argparse.Namespace, config: Any, world: int) -> Any:
 
 def toy_model_spec(config: Any, world: int) -> tuple[ClusterSpec, ModelSpec]:
     """The cluster and model the measurements are interpreted with (the timed model's shapes)."""
-    m = config.model
-    model = ModelSpec(
-        layers=m.layers,
-        pattern=m.pattern,
-        hidden=m.hidden,
-        heads=m.heads,
-        kv_heads=m.kv_heads,
-        head_dim=m.head_dim,
-        sparse_window=m.window,
-        moe_active_params=m.top_k * 2 * m.hidden * m.ffn,
-        dtype_bytes=4,  # the parts are timed in float32
-    )
-    g = config.gpus_per_node
-    cluster = ClusterSpec(nodes=max(1, world // g), gpus_per_node=g)
-    return cluster, model
+    return timed_model_spec(config.model, world, config.gpus_per_node)
 
 
 def _fit(measured: Any, config: Any) -> FittedProfile:
@@ -178,3 +200,28 @@ def profile_document(name: str, fitted: FittedProfile) -> dict[str, Any]:
             f"the fitted constants are not a valid profile: {exc.errors()[0]['msg']} "
             f"({exc.errors()[0]['loc'][0]})"
         ) from exc
+
+
+def calibrated_profile(
+    name: str, fitted: FittedProfile, steps: Sequence[Observation]
+) -> tuple[dict[str, Any], Refit | None]:
+    """The profile file after the whole-step fit (when steps were timed) and that fit."""
+    document = profile_document(name, fitted)
+    if not steps:
+        return document, None
+    try:
+        step_fit = fit_steps(Profile.model_validate(document), steps)
+    except CalibrationFitError as exc:
+        raise InputError(f"the timed steps cannot be fitted: {exc}") from exc
+    return {**document, **step_fit.constants}, step_fit
+
+
+def step_fit_report(fit: Refit) -> str:
+    """What the whole-step fit moved and how well the profile predicts those steps."""
+    moved = ", ".join(f"{term} x{m:.3g}" for term, m in fit.multipliers.items())
+    notes = f"; {'; '.join(fit.notes)}" if fit.notes else ""
+    return (
+        f"whole steps: {fit.steps} timed; median |error| of the parts' profile "
+        f"{fit.median_abs_error_before:.1%}, after the step fit {fit.median_abs_error_after:.1%} "
+        f"(time multipliers: {moved}){notes}"
+    )

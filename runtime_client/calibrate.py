@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from runtime_client.calibration_steps import StepPlanConfig, measure_steps
 from runtime_client.groups import GroupConfig, RepackGroups
 from runtime_client.toy_model import Block, ToyConfig, varlen_attention
-from solver.calibration_profile import AllToAllPoint, ComputePoint
+from solver.calibration_profile import AllToAllPoint, ComputePoint, timed_model_spec
+from solver.profile_feedback import Observation
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -61,6 +63,17 @@ class CalibrationConfig:
     """How repetitions become one time: ``median`` (typical, the default) or ``min`` (best
     case: on a machine shared with other work, the least disturbed repetition)."""
 
+    steps: int = 0
+    """Whole training steps of the model timed at the end (``runtime_client.calibration_steps``),
+    to which the per-collective latency, compute scale and fixed per-layer time are fitted;
+    0 = parts only."""
+
+    step_tokens_per_rank: int = 128
+    """``max_tokens_per_rank`` of those steps."""
+
+    step_repeats: int = 3
+    """Runs of each step (the least disturbed kept)."""
+
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(
@@ -72,6 +85,11 @@ class CalibrationConfig:
             raise ValueError(f"Expected statistic in {sorted(STATISTICS)}, got {self.statistic!r}.")
         if len(self.payload_tokens) < 2 or min(self.payload_tokens) < 1:
             raise ValueError(f"Expected >= 2 positive payload sizes, got {self.payload_tokens}.")
+        if self.steps < 0 or self.step_tokens_per_rank < 1 or self.step_repeats < 1:
+            raise ValueError(
+                f"Expected steps >= 0, step_tokens_per_rank >= 1 and step_repeats >= 1, got "
+                f"{self.steps}, {self.step_tokens_per_rank}, {self.step_repeats}."
+            )
 
 
 def _sync(device: torch.device) -> None:
@@ -218,6 +236,8 @@ class Measurements:
     peak_tflops: float
     all_to_all: list[AllToAllPoint]
     compute: list[ComputePoint]
+    steps: list[Observation] = field(default_factory=list)
+    """Timed whole steps (request, plan, step and all-to-all seconds; max over ranks)."""
 
 
 def run_calibration(config: CalibrationConfig, device: torch.device | None = None) -> Measurements:
@@ -230,12 +250,23 @@ def run_calibration(config: CalibrationConfig, device: torch.device | None = Non
     compute = _median_over_ranks(measure_compute(config, device))
     peak = torch.tensor([measure_peak_tflops(device)], dtype=torch.float64)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    steps: list[Observation] = []
+    if config.steps:
+        if device.type != "cpu":
+            raise ValueError("Timed calibration steps run the toy model on CPU ranks only.")
+        cluster, model = timed_model_spec(config.model, world, config.gpus_per_node)
+        cluster = cluster.model_copy(update={"max_tokens_per_rank": config.step_tokens_per_rank})
+        plans = StepPlanConfig(steps=config.steps, tokens_per_rank=config.step_tokens_per_rank)
+        steps = measure_steps(
+            config.model, cluster, model, groups, plans, repeats=config.step_repeats
+        )
     return Measurements(
         world_size=world,
         gpus_per_node=config.gpus_per_node,
         peak_tflops=float(peak.item()),
         all_to_all=a2a,
         compute=compute,
+        steps=steps,
     )
 
 

@@ -14,7 +14,8 @@ formulas for bytes and FLOPs so that a fitted profile predicts exactly what was 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from solver.calibration_fit import (
     fit_rate_per_item,
 )
 from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
+from solver.profile_feedback import FITTED, FeedbackConfig, Observation, Refit, refit
 from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, Profile
+from solver.schema import ClusterSpec, ModelSpec
 
 PARTS = ("full_attention", "sparse_attention", "linear")
 LINKS = ("intra", "inter")
@@ -94,6 +97,24 @@ class FittedProfile:
     """Fixed seconds per sample of each attention part."""
     fits: dict[str, RateFit]
     """Per term (``full_attention``, ..., ``intra``, ``inter``) its fit and errors."""
+
+
+def timed_model_spec(shape: Any, world: int, gpus_per_node: int) -> tuple[ClusterSpec, ModelSpec]:
+    """The cluster and model the measurements are interpreted with: the timed model's shapes
+    (``shape`` has the toy model's fields: layers, pattern, hidden, heads, ..., in float32)."""
+    model = ModelSpec(
+        layers=shape.layers,
+        pattern=shape.pattern,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        sparse_window=shape.window,
+        moe_active_params=shape.top_k * 2 * shape.hidden * shape.ffn,
+        dtype_bytes=4,  # the parts are timed in float32
+    )
+    cluster = ClusterSpec(nodes=max(1, world // gpus_per_node), gpus_per_node=gpus_per_node)
+    return cluster, model
 
 
 def fitted_profile(name: str, fitted: FittedProfile) -> Profile:
@@ -202,4 +223,63 @@ def fit_profile(
         layer_overhead_s=fits["linear"].intercept_s + attention_call_s,
         sample_overhead_s={p: fits[p].per_item_s for p in ("full_attention", "sparse_attention")},
         fits=fits,
+    )
+
+
+STEP_FIT = FeedbackConfig(
+    min_steps=4,
+    max_change=10_000.0,
+    window=100_000,
+    terms=("compute", "latency", "peer_latency", "overhead"),
+    use_all_to_all=False,
+)
+"""Whole-step calibration: compute scale, per-collective latency (per call and per peer) and
+fixed per-layer time move, far (steps may cost several times what the parts add up to); the
+bandwidths stay as the all-to-all microbenchmarks measured them (a step's payloads are too small
+to tell them from the latency), and only whole step times are regressed (a step's all-to-all
+time is mostly waits for peers on an oversubscribed host)."""
+
+MIN_STEP_LATENCY_US = 10.0
+"""Starting per-collective latencies of the step fit when the microbenchmarks found none (a
+multiplier cannot move a constant that is 0)."""
+
+STEP_FIT_EFFICIENCY = 0.5
+"""The best part's efficiency before the step fit (the peak is raised to match, rates are
+unchanged): the compute scale may then move either way without clipping at 1."""
+
+
+def fit_steps(profile: Profile, steps: Sequence[Observation]) -> Refit:
+    """``profile``'s constants refitted to timed whole steps (``runtime_client.calibration_steps``);
+    each step is repriced with ``profile`` first (the steps were planned with another)."""
+    latency = max(profile.collective_latency_us, MIN_STEP_LATENCY_US)
+    start = _with_headroom(profile).model_copy(
+        update={
+            "collective_latency_us": latency,
+            "collective_latency_us_per_peer": max(profile.collective_latency_us_per_peer, latency),
+        }
+    )
+    priced = [
+        Observation(
+            o.request.model_copy(update={"profile": start}), o.plan, o.measured_s, o.all_to_all_s
+        )
+        for o in steps
+    ]
+    fit = refit(priced, {n: float(getattr(start, n)) for n in FITTED}, STEP_FIT)
+    peak = {"peak_tflops": start.peak_tflops}
+    return replace(fit, constants={**peak, **fit.constants})
+
+
+def _with_headroom(profile: Profile) -> Profile:
+    """The same rates with the best part at ``STEP_FIT_EFFICIENCY`` of a raised peak, when the
+    worst part stays in range."""
+    names = ("efficiency_full_attention", "efficiency_sparse_attention", "efficiency_linear")
+    effs = [float(getattr(profile, n)) for n in names]
+    scale = STEP_FIT_EFFICIENCY / max(effs)
+    if scale >= 1.0 or min(effs) * scale <= EFFICIENCY_RANGE[0] * 1.01:
+        return profile
+    return profile.model_copy(
+        update={
+            "peak_tflops": profile.peak_tflops / scale,
+            **{n: e * scale for n, e in zip(names, effs, strict=True)},
+        }
     )

@@ -69,6 +69,8 @@ class CostModel:
     inter_bytes_per_s: float
     collective_latency_s: float
     """Fixed time of one all-to-all call."""
+    collective_peer_latency_s: float = 0.0
+    """Fixed time of one all-to-all call per peer beyond the first."""
     layer_overhead_s: float = 0.0
     """Fixed compute time of one layer on a rank (launch / dispatch overhead)."""
     sample_full_s: float = 0.0
@@ -101,6 +103,7 @@ class CostModel:
         peak = cluster.peak_tflops * FLOPS_PER_TFLOP
         full_eff = sparse_eff = linear_eff = eff
         intra, inter, latency_us = cluster.intra_node_gbps, cluster.inter_node_gbps, 0.0
+        peer_latency_us = 0.0
         layer_us = sample_full_us = sample_sparse_us = 0.0
         if profile is not None:
             peak = profile.peak_tflops * FLOPS_PER_TFLOP
@@ -109,6 +112,7 @@ class CostModel:
             linear_eff = profile.efficiency_linear
             intra, inter = profile.intra_node_gbps, profile.inter_node_gbps
             latency_us = profile.collective_latency_us
+            peer_latency_us = profile.collective_latency_us_per_peer
             layer_us = profile.layer_overhead_us
             sample_full_us = profile.sample_overhead_us_full
             sample_sparse_us = profile.sample_overhead_us_sparse
@@ -135,6 +139,7 @@ class CostModel:
             intra_bytes_per_s=intra * BYTES_PER_GB,
             inter_bytes_per_s=inter * BYTES_PER_GB,
             collective_latency_s=latency_us * SECONDS_PER_US,
+            collective_peer_latency_s=peer_latency_us * SECONDS_PER_US,
             layer_overhead_s=layer_us * SECONDS_PER_US,
             sample_full_s=sample_full_us * SECONDS_PER_US,
             sample_sparse_s=sample_sparse_us * SECONDS_PER_US,
@@ -182,7 +187,17 @@ class CostModel:
 
     def collective_seconds(self, group: int) -> float:
         """Fixed latency one layer pays for its all-to-all calls in a group of ``group``."""
+        return self.call_latency_seconds(group) + self.peer_latency_seconds(group)
+
+    def call_latency_seconds(self, group: int) -> float:
+        """The part of ``collective_seconds`` that every call pays whatever its group."""
         return COLLECTIVES_PER_LAYER * self.collective_latency_s if group > 1 else 0.0
+
+    def peer_latency_seconds(self, group: int) -> float:
+        """The part of ``collective_seconds`` that grows with the group's peers."""
+        if group <= 1:
+            return 0.0
+        return COLLECTIVES_PER_LAYER * self.collective_peer_latency_s * (group - 1)
 
     def layer_fixed_seconds(self, group: int) -> float:
         """Fixed time of one layer in a group of ``group`` ranks: its all-to-all calls' latency

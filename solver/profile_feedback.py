@@ -29,13 +29,20 @@ CONSTANTS_OF_TERM = {
     "intra": ("intra_node_gbps",),
     "inter": ("inter_node_gbps",),
     "overhead": ("layer_overhead_us",),
+    "latency": ("collective_latency_us",),
+    "peer_latency": ("collective_latency_us_per_peer",),
 }
 """The profile constants each term's multiplier divides (time = work / rate) or, for the
 fixed-time constants in ``TIME_CONSTANTS``, multiplies. One compute multiplier scales all three
-efficiencies: step times cannot tell the parts apart reliably. The per-collective latency stays
-as calibrated (``repack calibrate`` measures it directly); the per-layer overhead is refitted
-only when the profile has one (a term absent from every step keeps its value)."""
-TIME_CONSTANTS = frozenset({"layer_overhead_us"})
+efficiencies: step times cannot tell the parts apart reliably. Which terms a refit moves is
+``FeedbackConfig.terms``: by default not the per-collective latency (``repack calibrate``
+measures it), but whole-step calibration fits it (a collective inside a step costs several
+times what back-to-back calls measure) and keeps the bandwidths its microbenchmarks measured.
+The per-layer overhead is refitted only when the profile has one (a term absent from every
+step keeps its value)."""
+TIME_CONSTANTS = frozenset(
+    {"layer_overhead_us", "collective_latency_us", "collective_latency_us_per_peer"}
+)
 FITTED = tuple(name for names in CONSTANTS_OF_TERM.values() for name in names)
 
 
@@ -51,6 +58,11 @@ class FeedbackConfig:
     """Largest factor one refit may move any constant by."""
     window: int = 200
     """Latest measured steps a refit uses."""
+    use_all_to_all: bool = True
+    """Also regress the reported all-to-all times on the communication terms (they separate
+    communication from compute; on an oversubscribed host they are mostly waits)."""
+    terms: tuple[str, ...] = ("compute", "intra", "inter", "overhead")
+    """The terms whose constants move (the others stay as they are)."""
 
     def __post_init__(self) -> None:
         if self.min_steps < 2:
@@ -61,6 +73,9 @@ class FeedbackConfig:
             raise ValueError(f"Expected max_change > 1, got {self.max_change}.")
         if self.window < self.min_steps:
             raise ValueError(f"Expected window >= min_steps, got {self.window}.")
+        object.__setattr__(self, "terms", tuple(self.terms))  # a stored config's list
+        if not self.terms or not set(self.terms) <= set(CONSTANTS_OF_TERM):
+            raise ValueError(f"Expected terms among {sorted(CONSTANTS_OF_TERM)}, got {self.terms}.")
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,11 @@ def with_constants(request: PlanRequest, constants: dict[str, Any]) -> PlanReque
 
 
 def _fit_under(
-    obs: Sequence[Observation], constants: dict[str, float], bound: float = 1e6
+    obs: Sequence[Observation],
+    constants: dict[str, float],
+    bound: float = 1e6,
+    moved: Sequence[str] = FeedbackConfig.terms,
+    use_all_to_all: bool = True,
 ) -> tuple[MultiplierFit, int]:
     """The multipliers under ``constants`` (each within ``[1/bound, bound]``) and how many
     all-to-all times were left out as waits.
@@ -123,16 +142,18 @@ def _fit_under(
         rows.append(terms.as_dict())
         measured.append(o.measured_s)
         comm_s = terms.intra + terms.inter
-        if o.all_to_all_s is not None and o.all_to_all_s > 0 and comm_s > 0:
-            if o.all_to_all_s > bound * (comm_s + terms.latency):
+        fixed_s = terms.latency + terms.peer_latency
+        if use_all_to_all and o.all_to_all_s is not None and o.all_to_all_s > 0 and comm_s > 0:
+            if o.all_to_all_s > bound * (comm_s + fixed_s):
                 waits += 1
                 continue
-            comm = {"compute": 0.0, "intra": terms.intra, "inter": terms.inter}
-            comm_rows.append({**comm, "latency": terms.latency, "overhead": 0.0})
+            comm = {**terms.as_dict(), "compute": 0.0, "overhead": 0.0}
+            comm_rows.append(comm)
             comm_measured.append(o.all_to_all_s)
     rows, measured = rows + comm_rows, measured + comm_measured
     absent = [t for t in TERMS if all(r[t] == 0.0 for r in rows)]
-    fit = robust_multipliers(rows, measured, fixed=[*absent, "latency"], bounds=(1 / bound, bound))
+    fixed = [*absent, *(t for t in TERMS if t not in moved)]
+    fit = robust_multipliers(rows, measured, fixed=fixed, bounds=(1 / bound, bound))
     return fit, waits
 
 
@@ -146,14 +167,20 @@ def refit(
     obs = list(observations)[-config.window :]
     if len(obs) < config.min_steps:
         raise CalibrationFitError(f"Expected >= {config.min_steps} measured steps, got {len(obs)}.")
+    terms = {t: n for t, n in CONSTANTS_OF_TERM.items() if t in config.terms}
+    missing = [n for names in terms.values() for n in names if n not in constants]
+    if missing:
+        raise CalibrationFitError(f"Expected a starting value for {', '.join(missing)}.")
     estimate = dict(constants)
     first: MultiplierFit | None = None
     for _ in range(FIXED_POINT_ROUNDS):
         # Each round's multipliers are bounded by what the refit may move in all (relative to
         # the current estimate): no term can go to zero, negative or to a range's end.
-        fit, waits = _fit_under(obs, estimate, config.max_change**2)
+        fit, waits = _fit_under(
+            obs, estimate, config.max_change**2, config.terms, config.use_all_to_all
+        )
         first = first or fit
-        for term, names in CONSTANTS_OF_TERM.items():
+        for term, names in terms.items():
             m = fit.multipliers.get(term, 1.0)
             if m <= 0:
                 raise CalibrationFitError(f"the {term} term got a non-positive multiplier {m:.3g}")
@@ -164,19 +191,15 @@ def refit(
     assert first is not None
     factors = {
         term: _factor(names[0], estimate, constants, config.max_change)
-        for term, names in CONSTANTS_OF_TERM.items()
+        for term, names in terms.items()
     }
-    new = {
-        name: _in_range(name, constants[name] * factors[term])
-        for term, names in CONSTANTS_OF_TERM.items()
-        for name in names
-    }
+    new = _scaled(constants, terms, factors)
     notes = []
     if waits:
         notes.append(f"{waits} all-to-all times left out as waits for a slow peer")
     if any(new[n] >= EFFICIENCY_RANGE[1] for n in CONSTANTS_OF_TERM["compute"]):
         notes.append("an efficiency reached 1.0: raise peak_tflops in the profile")
-    after, _ = _fit_under(obs, new)
+    after, _ = _fit_under(obs, new, moved=config.terms, use_all_to_all=config.use_all_to_all)
     before_error = _median_abs(first.rel_errors_before[: len(obs)])
     after_error = _median_abs(after.rel_errors_before[: len(obs)])
     if after_error > before_error:
@@ -185,19 +208,19 @@ def refit(
         # predicted, bounded), else the constants as they were.
         ratios = [1.0 / (1.0 + e) for e in first.rel_errors_before[: len(obs)]]
         scale = bounded(statistics.median(ratios), config.max_change)
-        factors = {t: scale if t == "overhead" else 1.0 / scale for t in CONSTANTS_OF_TERM}
-        new = {
-            name: _in_range(name, constants[name] * factors[term])
-            for term, names in CONSTANTS_OF_TERM.items()
-            for name in names
-        }
-        after_error = _median_abs(_fit_under(obs, new)[0].rel_errors_before[: len(obs)])
+        factors = {t: scale if n[0] in TIME_CONSTANTS else 1.0 / scale for t, n in terms.items()}
+        new = _scaled(constants, terms, factors)
+        after_error = _median_abs(
+            _fit_under(obs, new, moved=config.terms, use_all_to_all=config.use_all_to_all)[
+                0
+            ].rel_errors_before[: len(obs)]
+        )
         if after_error < before_error:
             notes.append(f"per-term fit did not help: every term scaled by {scale:.3g}")
         else:
             notes.append("the refit did not predict its own steps better: constants kept")
-            new = {n: constants[n] for n in FITTED}
-            factors = dict.fromkeys(CONSTANTS_OF_TERM, 1.0)
+            new = dict(constants)
+            factors = dict.fromkeys(terms, 1.0)
             after_error = before_error
     return Refit(
         constants=new,
@@ -208,6 +231,17 @@ def refit(
         outliers=first.outliers,
         notes=notes,
     )
+
+
+def _scaled(
+    constants: dict[str, float], terms: dict[str, tuple[str, ...]], factors: dict[str, float]
+) -> dict[str, float]:
+    """``constants`` with each fitted term's constants moved by its factor (kept in range)."""
+    new = dict(constants)
+    for term, names in terms.items():
+        for name in names:
+            new[name] = _in_range(name, constants[name] * factors[term])
+    return new
 
 
 def _apply(name: str, value: float, multiplier: float) -> float:

@@ -90,6 +90,12 @@ class Profile(BaseModel):
     collective_latency_us: LatencyUs = Field(
         0.0, description="Fixed time of one all-to-all call, on top of its bytes / bandwidth."
     )
+    collective_latency_us_per_peer: LatencyUs = Field(
+        0.0,
+        description="Fixed time of one all-to-all call per peer beyond the first: a call in a "
+        "group of k ranks costs collective_latency_us + (k - 1) x this (v1 addition; 0 by "
+        "default).",
+    )
     layer_overhead_us: LatencyUs = Field(
         0.0,
         description="Fixed compute time of one layer (forward + backward) on a rank, whatever "

@@ -3,11 +3,10 @@
 The cost model prices a step as its slowest parent; inside that parent every layer's time is a
 sum of compute seconds (attention and linear/MoE FLOPs over the achieved rate) and all-to-all
 seconds, each all-to-all priced by whichever link (intra- or inter-node) is slower for its group,
-plus fixed seconds (collective latency, per-layer compute overhead).
-Given the plan's layout that sum is linear in ``1 / rate`` and ``1 / bandwidth``: this is what
-lets measured step times be regressed on the terms (``solver.profile_feedback``) and what the
-dashboard's "dominating term" shows. The fixed latency per collective and the fixed compute
-overhead per layer are terms of their own, which the regression keeps fixed.
+plus fixed seconds (collective latency per call and per peer, per-layer compute overhead).
+Given the plan's layout that sum is linear in ``1 / rate``, ``1 / bandwidth`` and the fixed
+times: this is what lets measured step times be regressed on the terms
+(``solver.profile_feedback``) and what the dashboard's "dominating term" shows.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from solver.cost_model import CostModel, SampleCosts, ceil_div
 from solver.schema import Plan, PlanRequest
 
-TERMS = ("compute", "intra", "inter", "latency", "overhead")
+TERMS = ("compute", "intra", "inter", "latency", "peer_latency", "overhead")
 
 
 @dataclass(frozen=True)
@@ -28,13 +27,22 @@ class StepTerms:
     intra: float
     inter: float
     latency: float = 0.0
-    """Fixed latency of the all-to-all calls."""
+    """Fixed latency of the all-to-all calls (``Profile.collective_latency_us``)."""
+    peer_latency: float = 0.0
+    """Their latency per peer (``Profile.collective_latency_us_per_peer``)."""
     overhead: float = 0.0
     """Fixed compute time of the layers (``Profile.layer_overhead_us``)."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.intra + self.inter + self.latency + self.overhead
+        return (
+            self.compute
+            + self.intra
+            + self.inter
+            + self.latency
+            + self.peer_latency
+            + self.overhead
+        )
 
     @property
     def dominating(self) -> str:
@@ -58,7 +66,14 @@ def _a2a_terms(cost: CostModel, group: int, tokens: int) -> tuple[float, float]:
 def _layer(cost: CostModel, size: int, attn_s: float, tokens: int) -> StepTerms:
     intra, inter = _a2a_terms(cost, size, tokens)
     compute = attn_s / size + tokens * cost.linear_seconds_per_token
-    return StepTerms(compute, intra, inter, cost.collective_seconds(size), cost.layer_overhead_s)
+    return StepTerms(
+        compute,
+        intra,
+        inter,
+        cost.call_latency_seconds(size),
+        cost.peer_latency_seconds(size),
+        cost.layer_overhead_s,
+    )
 
 
 def parent_terms(
@@ -67,7 +82,7 @@ def parent_terms(
     """Terms of one parent; ``children`` are ``(size, sparse_s, tokens)`` as in the cost model."""
     max_tokens = max((ceil_div(t, k) for k, _, t in children), default=0)
     full = _layer(cost, size, full_s, max_tokens)
-    sparse = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+    sparse = StepTerms(0.0, 0.0, 0.0)
     for k, s, t in children:
         if t == 0:
             continue
@@ -80,6 +95,7 @@ def parent_terms(
         f * full.intra + n * sparse.intra,
         f * full.inter + n * sparse.inter,
         f * full.latency + n * sparse.latency,
+        f * full.peer_latency + n * sparse.peer_latency,
         f * full.overhead + n * sparse.overhead,
     )
 
@@ -90,7 +106,7 @@ def step_terms(request: PlanRequest, plan: Plan, cost: CostModel | None = None) 
     ``total`` equals the cost model's step time of the plan (``validate.step_seconds``)."""
     cost = cost or CostModel.from_request(request)
     costs = SampleCosts.build(cost, request.lengths)
-    worst = StepTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+    worst = StepTerms(0.0, 0.0, 0.0)
     for p in plan.parents:
         kids = [
             (

@@ -2,7 +2,7 @@
 "use strict";
 const RepackMeasured = (() => {
   const config = { displaylogo: false, responsive: true };
-  const TERMS = [["compute", "#2f6fde"], ["intra", "#1a9e6a"], ["inter", "#d9822b"], ["latency", "#8a4fd8"], ["overhead", "#888888"]];
+  const TERMS = [["compute", "#2f6fde"], ["intra", "#1a9e6a"], ["inter", "#d9822b"], ["latency", "#8a4fd8"], ["peer_latency", "#c04f8a"], ["overhead", "#888888"]];
   const layout = (title, xtitle, ytitle) => ({
     title: { text: title, font: { size: 14 } },
     margin: { l: 56, r: 16, t: 40, b: 40 },

@@ -53,9 +53,8 @@ def test_measured_page_plots_predicted_measured_errors_terms_and_constants(
     assert page.locator("#plot-predicted-measured .scatterlayer .trace").count() == 2
     assert page.locator("#plot-predicted-measured .scatterlayer .point").count() == 2 * STEPS
     assert page.locator("#plot-error-hist .barlayer .point").count() >= 1
-    assert (
-        page.locator("#plot-terms .barlayer .trace").count() == 5
-    )  # compute, intra, inter, latency, overhead
+    # compute, intra, inter, latency per call and per peer, overhead
+    assert page.locator("#plot-terms .barlayer .trace").count() == 6
     versions = httpx.get(f"{url}/v1/jobs/{JOB}/feedback").json()["versions"]
     assert len(versions) >= 2
     assert page.locator("#plot-constants .scatterlayer .point").count() >= 2 * len(versions)

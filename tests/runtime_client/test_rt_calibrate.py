@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cli.calibrate import profile_document, toy_model_spec
+from cli.calibrate import calibrated_profile, profile_document, toy_model_spec
 from runtime_client.all_to_all import RepackComm
 from runtime_client.calibrate import CalibrationConfig, Measurements, run_calibration
 from runtime_client.groups import GroupConfig, RepackGroups
@@ -25,6 +26,7 @@ from solver.calibration_profile import PARTS, fit_profile
 from solver.cost_model import CostModel
 from solver.measurement_schema import StepMeasurement
 from solver.planner import plan
+from solver.profiles import Profile
 from solver.schema import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,15 +76,43 @@ def test_repack_calibrate_writes_a_profile_file(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "cli.main", "calibrate", "--name", "cpu-2x2", "--out", str(out),
         "--local-ranks", "4", "--gpus-per-node", "2", "--lengths", "16,32",
-        "--payload-tokens", "16,256", "--repeats", "2",
+        "--payload-tokens", "16,256", "--repeats", "2", "--steps", "6",
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     for term in (*PARTS, "intra", "inter"):
         assert term in done.stdout  # one fit-error row per term
     assert "rms error" in done.stdout
+    assert "whole steps: 6 timed" in done.stdout  # the step fit ran and says what it moved
     profile = json.loads(out.read_text())
     assert profile["name"] == "cpu-2x2" and profile["intra_node_gbps"] > 0
+    assert profile["collective_latency_us_per_peer"] > 0  # fitted to the steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_calibration_times_whole_steps_of_every_group_size_and_fits_them() -> None:
+    config = replace(SMALL, steps=6, step_repeats=1, step_tokens_per_rank=64)
+    results = run_local_ranks(_calibrate, 4, config, timeout_s=240)
+    steps = results[0].steps
+    assert len(steps) == 6
+    assert all(r.steps == steps for r in results)  # max over ranks: the same on every rank
+    sizes = {p.ranks[1] - p.ranks[0] for o in steps for p in o.plan.parents}
+    assert {1, 2, 4} <= sizes  # every group size, so latency per call and per peer separate
+    assert all(o.measured_s > 0 and o.all_to_all_s is not None for o in steps)
+    wide = [o for o in steps if max(p.ranks[1] - p.ranks[0] for p in o.plan.parents) > 1]
+    assert wide and all(o.all_to_all_s and o.all_to_all_s > 0 for o in wide)
+    cluster, model = toy_model_spec(config, 4)
+    fitted = fit_profile(
+        CostModel.from_specs(cluster, model),
+        results[0].all_to_all,
+        results[0].compute,
+        peak_tflops=results[0].peak_tflops,
+    )
+    document, fit = calibrated_profile("cpu", fitted, steps)
+    assert fit is not None and fit.steps == 6
+    assert fit.median_abs_error_after <= fit.median_abs_error_before
+    Profile.model_validate(document)  # every constant in the contract's range
 
 
 def test_repack_calibrate_refuses_bad_input_in_one_line(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from solver.planner import plan
 from solver.problem import Problem
 from solver.profiles import DEFAULT_PROFILE, Profile
 from solver.schema import ClusterSpec, ModelSpec, PlanRequest
+from solver.step_terms import step_terms
 from solver.trace import load_trace
 from solver.validate import step_seconds, validate_plan
 from tests.helpers import example_plan, example_request
@@ -215,6 +216,41 @@ def test_collective_latency(toy: CostModel) -> None:
     # and pays its 12 us, so 2 x 12 us more there too
     want = parent_seconds(toy, 4, 2e-8, children) + 4 * 12e-6
     assert parent_seconds(slow, 4, 2e-8, children) == pytest.approx(want, rel=1e-12)
+
+
+def test_collective_latency_per_peer(toy: CostModel) -> None:
+    """A call in a group of k ranks costs the per-call latency plus (k - 1) x the per-peer one;
+    4 calls a layer; a rank alone pays nothing."""
+    profile = TOY_PROFILE.model_copy(
+        update={"collective_latency_us": 3.0, "collective_latency_us_per_peer": 2.0}
+    )
+    slow = CostModel.from_specs(TOY_CLUSTER, TOY_MODEL, profile)
+    assert slow.layer_fixed_seconds(1) == 0.0
+    for k in (2, 4, 8):
+        assert slow.layer_fixed_seconds(k) == pytest.approx(4 * (3e-6 + (k - 1) * 2e-6))
+        assert slow.peer_latency_seconds(k) == pytest.approx(4 * (k - 1) * 2e-6)
+    assert toy.peer_latency_seconds(8) == 0.0  # 0 by default: the default profile is unchanged
+
+
+@pytest.mark.parametrize("mode", ["sizing", "repack+sizing"])
+def test_per_peer_latency_keeps_plans_valid_terms_exact_and_bounds_true(mode: str) -> None:
+    lengths = [30000, 9000, 120, 7, 4000, 2200, 61, 15000, 800, 3]
+    cluster = {"nodes": 2, "gpus_per_node": 8, "max_tokens_per_rank": 4096}
+    profile = Profile(name="peers", collective_latency_us=5.0, collective_latency_us_per_peer=40.0)
+    req = PlanRequest.model_validate(
+        {"cluster": cluster, "lengths": lengths, "mode": mode, "profile": profile}
+    )
+    priced = plan(req, deadline_ms=60_000)
+    assert validate_plan(req, priced) == []
+    assert priced.metrics.lower_bound_ms is not None
+    assert priced.metrics.lower_bound_ms <= priced.metrics.step_time_ms
+    cost = CostModel.from_request(req)
+    terms = step_terms(req, priced)
+    assert terms.total == pytest.approx(
+        step_seconds(req, priced, cost, SampleCosts.build(cost, lengths)), rel=1e-12
+    )
+    widest = max(p.ranks[1] - p.ranks[0] for p in priced.parents)
+    assert widest == 1 or terms.peer_latency > 0
 
 
 def test_plan_with_latency_profile_validates() -> None:
