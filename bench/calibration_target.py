@@ -29,7 +29,7 @@ from cli.calibrate import (
 from runtime_client.calibrate import CalibrationConfig, run_calibration
 from runtime_client.calibration_steps import run_toy_step
 from runtime_client.groups import GroupConfig, RepackGroups
-from runtime_client.local_launch import run_local_ranks
+from runtime_client.local_launch import pin_to_simulated_node, run_local_ranks
 from runtime_client.step_timer import StepTimer
 from runtime_client.toy_model import ToyConfig, ToyModel
 from solver.calibration_profile import fit_profile
@@ -58,6 +58,8 @@ def step_lengths(seed: int, step: int, tokens: int, longest: int) -> list[int]:
 
 
 def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
+    if args.pin:
+        pin_to_simulated_node(rank, args.gpus_per_node)
     config = CalibrationConfig(
         model=TOY_SIZES[args.toy],
         gpus_per_node=args.gpus_per_node,
@@ -120,6 +122,16 @@ def _rank(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any]:
         rows[-1]["layers_sum_ms"] = m.layers.full_ms + m.layers.sparse_ms if m.layers else None
     return {
         "profile": profile,
+        "parts_profile": parts_profile,
+        "calibration_steps": [
+            {
+                "request": o.request.model_dump_json(),
+                "plan": o.plan.model_dump_json(),
+                "measured_s": o.measured_s,
+                "all_to_all_s": o.all_to_all_s,
+            }
+            for o in measured.steps
+        ],
         "report": fit_report(fitted) + ("\n" + step_fit_report(step_fit) if step_fit else ""),
         "rows": rows,
         "calibrate_s": calibrate_s,
@@ -174,6 +186,12 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="training steps compared")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin each simulated node's ranks to one core (runtime_client.local_launch)",
+    )
     p.add_argument(
         "--calibration-steps",
         type=int,

@@ -218,7 +218,10 @@ def calibrated_profile(
 
 def step_fit_report(fit: Refit) -> str:
     """What the whole-step fit moved and how well the profile predicts those steps."""
-    moved = ", ".join(f"{term} x{m:.3g}" for term, m in fit.multipliers.items())
+    rates = ("compute", "intra", "inter")  # their multipliers scale a rate: time moves by 1/m
+    moved = ", ".join(
+        f"{term} x{1 / m if term in rates else m:.3g}" for term, m in fit.multipliers.items()
+    )
     notes = f"; {'; '.join(fit.notes)}" if fit.notes else ""
     return (
         f"whole steps: {fit.steps} timed; median |error| of the parts' profile "

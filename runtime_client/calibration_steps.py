@@ -34,7 +34,11 @@ from solver.planner import plan as solve
 from solver.profile_feedback import Observation
 from solver.schema import ClusterSpec, ModelSpec, Plan, PlanRequest
 
-LAYOUT_MODES = ("baseline", "repack", "repack+sizing")
+WARMUP_STEPS = 3
+"""Steps run untimed first (one per parent size of a 4-rank world): allocator growth, first
+calls into each communicator."""
+
+LAYOUT_MODES = ("baseline", "repack+sizing", "repack", "repack+sizing")
 """Unrepacked uniform parents, the same parents repacked, and the planner's free layout."""
 
 
@@ -143,13 +147,15 @@ def measure_steps(
     timer = StepTimer().attach(toy.blocks, kinds)
     observations = []
     try:
-        for index in range(config.steps):
+        for index in range(-WARMUP_STEPS, config.steps):  # the first ones untimed: warm-up
             request = step_request(cluster, model, config, index)
             box: list[object] = [solve(request, use_cpsat=False) if rank == 0 else None]
             dist.broadcast_object_list(box, src=0)
             plan = box[0]
             assert isinstance(plan, Plan)
             m = run_toy_step(toy, plan, rank, groups, timer, seed=index, repeats=repeats)
+            if index < 0:
+                continue
             a2a_s = None if m.all_to_all_ms is None else m.all_to_all_ms / 1e3
             observations.append(Observation(request, plan, m.step_time_ms / 1e3, a2a_s))
     finally:

@@ -63,6 +63,21 @@ def _rank_main(
         os._exit(0)
 
 
+def pin_to_simulated_node(rank: int, gpus_per_node: int) -> int:
+    """Pin this process to one core per simulated node (round robin over the cores it may use)
+    and return that core.
+
+    Unpinned, N local ranks share the cores however the scheduler likes: a rank blocked in a
+    collective hands its core to whichever rank runs, so how fast a rank computes depends on
+    the layout (which ranks wait when), which no cost model of a real cluster has. Pinned, the
+    ranks of one simulated node share their node's core whatever the layout, as a real node's
+    ranks share its host. Linux only (``os.sched_setaffinity``)."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[(rank // gpus_per_node) % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
 def run_local_ranks(
     fn: Callable[..., Any],
     world_size: int,

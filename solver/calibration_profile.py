@@ -28,7 +28,14 @@ from solver.calibration_fit import (
     fit_rate_per_item,
 )
 from solver.cost_model import BYTES_PER_GB, FLOPS_PER_TFLOP, CostModel
-from solver.profile_feedback import FITTED, FeedbackConfig, Observation, Refit, refit
+from solver.profile_feedback import (
+    CONSTANTS_OF_TERM,
+    FITTED,
+    FeedbackConfig,
+    Observation,
+    Refit,
+    refit,
+)
 from solver.profiles import BANDWIDTH_GBPS_RANGE, EFFICIENCY_RANGE, Profile
 from solver.schema import ClusterSpec, ModelSpec
 
@@ -248,25 +255,53 @@ STEP_FIT_EFFICIENCY = 0.5
 unchanged): the compute scale may then move either way without clipping at 1."""
 
 
+STEP_FIT_ROUNDS = 4
+"""Refits at most, each from a peak raised to give the compute scale room again (a fit that
+wants a part faster than efficiency 1 allows is clipped there; the next round is not)."""
+
+
 def fit_steps(profile: Profile, steps: Sequence[Observation]) -> Refit:
     """``profile``'s constants refitted to timed whole steps (``runtime_client.calibration_steps``);
-    each step is repriced with ``profile`` first (the steps were planned with another)."""
+    each step is repriced with the profile first (the steps were planned with another).
+
+    ``constants`` of the result hold ``peak_tflops`` too, and its ``multipliers`` are the moves
+    of the whole fit (the product over rounds)."""
     latency = max(profile.collective_latency_us, MIN_STEP_LATENCY_US)
-    start = _with_headroom(profile).model_copy(
+    current = profile.model_copy(
         update={
             "collective_latency_us": latency,
             "collective_latency_us_per_peer": max(profile.collective_latency_us_per_peer, latency),
         }
     )
-    priced = [
-        Observation(
-            o.request.model_copy(update={"profile": start}), o.plan, o.measured_s, o.all_to_all_s
+    first: Refit | None = None
+    moves: dict[str, float] = {}
+    for _ in range(STEP_FIT_ROUNDS):
+        start = _with_headroom(current)
+        priced = [
+            Observation(
+                o.request.model_copy(update={"profile": start}),
+                o.plan,
+                o.measured_s,
+                o.all_to_all_s,
+            )
+            for o in steps
+        ]
+        fit = refit(priced, {n: float(getattr(start, n)) for n in FITTED}, STEP_FIT)
+        first = first or fit
+        moves = {t: moves.get(t, 1.0) * m for t, m in fit.multipliers.items()}
+        current = start.model_copy(update=fit.constants)
+        clipped = any(
+            getattr(current, n) >= EFFICIENCY_RANGE[1] for n in CONSTANTS_OF_TERM["compute"]
         )
-        for o in steps
-    ]
-    fit = refit(priced, {n: float(getattr(start, n)) for n in FITTED}, STEP_FIT)
-    peak = {"peak_tflops": start.peak_tflops}
-    return replace(fit, constants={**peak, **fit.constants})
+        if not clipped:
+            break
+    assert first is not None
+    return replace(
+        fit,
+        constants={"peak_tflops": current.peak_tflops, **fit.constants},
+        multipliers=moves,
+        median_abs_error_before=first.median_abs_error_before,
+    )
 
 
 def _with_headroom(profile: Profile) -> Profile:

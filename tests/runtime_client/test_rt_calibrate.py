@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from cli.calibrate import calibrated_profile, profile_document, toy_model_spec
 from runtime_client.all_to_all import RepackComm
 from runtime_client.calibrate import CalibrationConfig, Measurements, run_calibration
 from runtime_client.groups import GroupConfig, RepackGroups
-from runtime_client.local_launch import run_local_ranks
+from runtime_client.local_launch import pin_to_simulated_node, run_local_ranks
 from runtime_client.local_layout import LocalLayout, plan_lengths
 from runtime_client.step_timer import StepTimer, TimedAttention
 from runtime_client.toy_model import RepackAttention, ToyConfig, ToyModel, synthetic_batch
@@ -168,3 +169,18 @@ def test_step_timer_measures_layers_and_all_to_all_the_same_on_every_rank() -> N
     assert m.layers.sparse_ms == pytest.approx(
         max(r["layer_s"]["S"] for r in results) * 1e3, rel=1e-5
     )
+
+
+def _pinned(rank: int, world: int) -> tuple[int, list[int]]:
+    core = pin_to_simulated_node(rank, 2)
+    return core, sorted(os.sched_getaffinity(0))
+
+
+def test_pinning_puts_a_simulated_node_on_one_core_round_robin() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    results = run_local_ranks(_pinned, 4)
+    for rank, (core, allowed) in enumerate(results):
+        assert allowed == [core]  # pinned to exactly one core
+        assert core == cores[(rank // 2) % len(cores)]  # node n on the n-th allowed core
+    assert results[0][0] == results[1][0] and results[2][0] == results[3][0]
+    assert sorted(os.sched_getaffinity(0)) == cores  # the parent is left alone
