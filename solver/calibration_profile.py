@@ -261,7 +261,7 @@ wants a part faster than efficiency 1 allows is clipped there; the next round is
 
 
 def fit_steps(profile: Profile, steps: Sequence[Observation]) -> Refit:
-    """``profile``'s constants refitted to timed whole steps (``runtime_client.calibration_steps``);
+    """``profile``'s constants refitted to timed whole steps (the runtime client times them);
     each step is repriced with the profile first (the steps were planned with another).
 
     ``constants`` of the result hold ``peak_tflops`` too, and its ``multipliers`` are the moves
