@@ -41,20 +41,26 @@ MOVE_SECONDS = 0.0015
 often beat large ones solved long: on the packed trace nearly every accepted move is a heavy
 swap (~30 samples, proven optimal in ~0.0008 s), and the number of moves decides the quality."""
 
-LNS_SECONDS = 0.036
+LNS_SECONDS = 0.006
 """The whole search's deterministic budget at the full work budget (``Budget.cpsat_seconds``):
 each move is charged the deterministic time CP-SAT spent plus ``MOVE_CHARGE`` for building its
-model in Python, so cheap moves buy more moves. Sized by the 64-GPU latency target (p99 <= 200
-ms): measured on an idle 2-core machine, 1x / 4x / 6x / 10x this budget's sixth gave a p99 of
-88 / 166 / 159 / 230 ms at 64 GPUs (repack+parent) and -14.65 / -14.91 / -15.01 / -15.12% on the
-packed trace's wide steps (seeds 4242, 777: +0.35 and +0.34 points at 6x)."""
+model in Python, so cheap moves buy more moves. Sized so that the search adds a few tens of ms
+of CPU at 64 GPUs; multiplied by ``SEARCH_SCALE`` per mode."""
 
 MOVE_CHARGE = 0.0008
 """Deterministic-second equivalent of building and evaluating one move (~2-4 ms of CPU)."""
 
-MAX_MOVES = 36
-"""Moves per request at most (``Budget.evals``); fewer when a whole list of neighbourhoods
-fails or ``LNS_SECONDS`` is spent."""
+MAX_MOVES = 6
+"""Moves per request at most (``Budget.evals``), times ``SEARCH_SCALE``; fewer when a whole
+list of neighbourhoods fails or the deterministic budget is spent."""
+
+SEARCH_SCALE = {"repack+parent": 6.0, "repack+sizing": 1.0}
+"""Both budgets above per mode. ``repack+parent`` (a loader's sizes kept: its only lever is
+membership) gets 6x: measured on an idle 2-core machine, 1x / 4x / 6x / 10x gave -14.65 /
+-14.91 / -15.01 / -15.12% on the packed trace's wide steps (+0.35 points on seeds 4242 and 777
+at 6x) for a 64-GPU p99 of 88 / 166 / 172 / 230 ms (target 200 ms). ``repack+sizing`` (the
+service's default mode) stays at 1x: 6x gained 0.1-0.2 points there and doubled the service's
+CPU per plan (in-process p50 26 -> 55 ms, answers/s at 8 loaders 67 -> 27)."""
 
 SETTLED_GAP = 0.005
 """No search on a layout this close (relative) to its lower bound."""
@@ -106,10 +112,12 @@ def improve(
     evaluation: LayoutEval,
     budget: Budget,
     lower_bound_s: float = 0.0,
+    scale: float = 1.0,
 ) -> LnsResult:
     """The incumbent improved by LNS: the neighbourhoods of the incumbent are tried in order
     until one improves it (first improvement), then the list is rebuilt for the new incumbent;
-    the search ends when a whole list fails, after ``MAX_MOVES`` solves, or at the budget."""
+    the search ends when a whole list fails, after ``scale x MAX_MOVES`` solves, or at the
+    budget (``scale x LNS_SECONDS``)."""
     if (
         not searches(problem, budget)
         or len(layout) < 2
@@ -120,8 +128,8 @@ def improve(
     accepted: list[str] = []
     improved = True
     shares: dict[tuple[float, int], list[int]] = {}
-    max_moves = budget.evals(MAX_MOVES)
-    left = budget.cpsat_seconds(LNS_SECONDS)
+    max_moves = budget.evals(round(MAX_MOVES * scale))
+    left = budget.cpsat_seconds(LNS_SECONDS * scale)
     while improved and moves < max_moves and left > 0 and not budget.expired():
         improved = False
         for hood in _neighbourhoods(problem, layout, evaluation):

@@ -32,7 +32,7 @@ from solver.children import (
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
-from solver.membership_lns import improve, searches
+from solver.membership_lns import SEARCH_SCALE, improve, searches
 from solver.node_membership import node_seed
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
@@ -108,10 +108,13 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
         "sizing": lambda: _sizing(problem, request, base, sizes, base_members, budget),
         "repack": lambda: _repack(problem, sizes, base_members, budget),
         "repack+parent": lambda: _improved(
-            problem, _parent_mode(problem, sizes, base_members, budget), budget
+            problem, _parent_mode(problem, sizes, base_members, budget), budget, mode
         ),
         "repack+sizing": lambda: _improved(
-            problem, _repack_sizing(problem, request, base, sizes, base_members, budget), budget
+            problem,
+            _repack_sizing(problem, request, base, sizes, base_members, budget),
+            budget,
+            mode,
         ),
     }[mode]()
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
@@ -367,7 +370,7 @@ def _repack_sizing(
     if found is not None and not searches(problem, budget):
         incumbent = found.evaluation.step_s
     parent = _repack_parent(problem, sizes, members, budget, incumbent)
-    best = None if parent is None else _improved(problem, parent, budget)
+    best = None if parent is None else _improved(problem, parent, budget, "repack+parent")
     if best is None or (found is not None and found.evaluation.step_s < best.evaluation.step_s):
         assert found is not None
         found = polish(problem, found, budget)
@@ -408,12 +411,14 @@ def _faster_candidate(best: _Candidate, other: _Candidate | None, bound: float) 
     return best
 
 
-def _improved(problem: Problem, best: _Candidate, budget: Budget) -> _Candidate:
-    """The pipeline's layout improved by LNS on the joint model (``membership_lns``); same
-    bound, since the bound holds for any membership."""
+def _improved(problem: Problem, best: _Candidate, budget: Budget, mode: str) -> _Candidate:
+    """The pipeline's layout improved by LNS on the joint model (``membership_lns``, with the
+    mode's ``SEARCH_SCALE``); same bound, since the bound holds for any membership."""
     if best.searched:
         return best
-    lns = improve(problem, best.layout, best.evaluation, budget, best.lower_bound_s)
+    lns = improve(
+        problem, best.layout, best.evaluation, budget, best.lower_bound_s, SEARCH_SCALE[mode]
+    )
     return _Candidate(lns.layout, lns.evaluation, best.lower_bound_s, searched=True)
 
 
