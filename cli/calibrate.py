@@ -23,6 +23,7 @@ from solver.calibration_fit import CalibrationFitError
 from solver.calibration_profile import (
     LINKS,
     PARTS,
+    STEP_FIT,
     FittedProfile,
     fit_profile,
     fit_steps,
@@ -115,8 +116,11 @@ def run(args: argparse.Namespace) -> int:
     g = args.gpus_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if world % g != 0 and world > g:
         raise InputError(f"--gpus-per-node {g} does not divide the {world} ranks")
-    if args.steps < 0:
-        raise InputError(f"--steps: expected >= 0, got {args.steps}")
+    if args.steps < 0 or 0 < args.steps < STEP_FIT.min_steps:
+        raise InputError(
+            f"--steps: expected 0 (parts only) or >= {STEP_FIT.min_steps} steps to fit, "
+            f"got {args.steps}"
+        )
     on_cpu = args.local_ranks or args.backend == "gloo"
     if args.steps and not on_cpu:
         print(f"--steps: whole steps run on gloo ranks only; the {args.backend} fit uses parts")

@@ -116,13 +116,23 @@ def test_calibration_times_whole_steps_of_every_group_size_and_fits_them() -> No
     Profile.model_validate(document)  # every constant in the contract's range
 
 
-def test_repack_calibrate_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (["--name", "bad name!"], "--name"),
+        (["--name", "ok", "--steps", "2"], "--steps"),  # too few steps to fit, said up front
+        (["--name", "ok", "--steps", "-1"], "--steps"),
+    ],
+)
+def test_repack_calibrate_refuses_bad_input_in_one_line(
+    tmp_path: Path, bad: list[str], field: str
+) -> None:
     out = tmp_path / "x.json"
-    cmd = [sys.executable, "-m", "cli.main", "calibrate", "--name", "bad name!", "--out", str(out),
+    cmd = [sys.executable, "-m", "cli.main", "calibrate", *bad, "--out", str(out),
            "--local-ranks", "4"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and not out.exists()
-    assert done.stderr.count("\n") == 1 and "--name" in done.stderr
+    assert done.stderr.count("\n") == 1 and field in done.stderr
 
 
 def _timed_step(rank: int, world: int) -> dict[str, Any]:
