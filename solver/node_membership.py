@@ -19,19 +19,41 @@ The planner uses the result as one more candidate membership (and layout) of ``r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from solver.budget import Budget
-from solver.cost_model import ceil_div, full_layer_seconds, unrepacked_parent_seconds
+from solver.cost_model import (
+    ceil_div,
+    child_layer_seconds,
+    full_layer_seconds,
+    unrepacked_parent_seconds,
+)
 from solver.layout import Child, Parent, parent_starts, unrepacked
 from solver.node_packing import children_of_segment
 from solver.problem import Problem
 
 MOVE_WORK = 12_000
-"""Deterministic work limit of the move phase: samples re-packed into children, summed over
-the bins every tried move re-evaluates (small requests try every move, large ones the most
-promising: heaviest samples of the busiest bins to the least loaded bins)."""
+"""Deterministic work limit of the move phase for a request of up to ``WORK_PAIRS`` (sample x
+bin) pairs, in units of one sample re-packed into children (about a microsecond and a half):
+a re-pack costs its bin's samples, an edit of a bin's children (``_edited``) ``EDIT_WORK`` per
+child. Small requests try every move, large ones the most promising: heaviest samples of the
+busiest bins to the least loaded bins."""
+
+WORK_PAIRS = 5_500
+"""A packed 64-GPU step (~685 samples x 8 nodes). Larger requests get ``MOVE_WORK`` times their
+share of this: the moves a step needs, and the tries each move makes, grow with the samples
+and the bins (at 128 and 256 GPUs the fixed limit stopped 1-3 points short of what the same
+moves reach, and of the reference heuristic of the tests)."""
+
+MAX_WORK_SCALE = 4.0
+"""At most this multiple of ``MOVE_WORK`` (~70 ms on the development machine): beyond ~22,000
+pairs (256 GPUs and up) the sizing modes, which run this stage several times, would not keep
+their latency."""
+
+EDIT_WORK = 1
+"""Work of one child in an edit: a pass over the bin's children plus the parent's time."""
 
 
 MAX_PAIRS = 60_000
@@ -52,6 +74,9 @@ class _Bin:
     packed: tuple[list[Child], float, int] | None = None
     """Cached ``children_of_segment`` result: children, sparse-layer time, busiest rank."""
     fresh: bool = False
+    sums: list[tuple[float, int, float]] = field(default_factory=list)
+    """Per child of ``sums_of``: sparse seconds, tokens and sparse-layer time (for edits)."""
+    sums_of: object = None
 
 
 class NodeSeed:
@@ -139,11 +164,55 @@ class NodeSeed:
         return True
 
     def _packed(self, b: _Bin) -> tuple[list[Child], float, int] | None:
+        """The bin's children (re-packed, and charged its members, when it changed)."""
         if not b.fresh:
             size = self.sizes[b.parent]
-            b.packed = children_of_segment(self.p, b.start, b.ranks, b.samples, size)
+            if b.tokens > self.p.capacity(b.ranks):
+                b.packed = None  # over the node's memory: no children hold it
+            else:
+                b.packed = children_of_segment(self.p, b.start, b.ranks, b.samples, size)
+                self.work += len(b.samples)
             b.fresh = True
         return b.packed
+
+    def _edited(self, b: _Bin, s: int, sign: int) -> tuple[list[Child], float, int] | None:
+        """The bin's children as they are, with ``s`` taken out of its child (``sign`` -1) or
+        put into the child where it ends fastest with memory for it (1); None when no child
+        has room (or the bin has no children). A move tries many of these per re-pack: an
+        edit costs one pass over the bin's samples, a re-pack four LPTs."""
+        packed = self._packed(b)
+        if packed is None or not packed[0]:
+            return None
+        p, cost = self.p, self.p.cost
+        self.work += EDIT_WORK * (1 + len(packed[0]))
+        if b.sums_of is not packed:  # per child: sparse seconds, tokens, sparse-layer time
+            b.sums_of = packed
+            b.sums = []
+            for c in packed[0]:
+                sp, tok = sum(p.sparse_s[u] for u in c.samples), sum(p.tokens[u] for u in c.samples)
+                b.sums.append((sp, tok, child_layer_seconds(cost, c.size, sp, tok)))
+        kids, sums = list(packed[0]), list(b.sums)
+        if sign < 0:
+            i = next(i for i, c in enumerate(kids) if s in c.samples)
+            samples = tuple(u for u in kids[i].samples if u != s)
+        else:
+            best: tuple[float, int] | None = None
+            for i, (c, (sp, tok, _)) in enumerate(zip(kids, sums, strict=True)):
+                if tok + p.tokens[s] > p.capacity(c.size):
+                    continue
+                t = child_layer_seconds(cost, c.size, sp + p.sparse_s[s], tok + p.tokens[s])
+                if best is None or t < best[0]:
+                    best = (t, i)
+            if best is None:
+                return None
+            i = best[1]
+            samples = (*kids[i].samples, s)
+        sp, tok = sums[i][0] + sign * p.sparse_s[s], sums[i][1] + sign * p.tokens[s]
+        kids[i] = Child(kids[i].start, kids[i].size, samples)
+        sums[i] = (sp, tok, child_layer_seconds(cost, kids[i].size, sp, tok))
+        z = max(t for _, _, t in sums)
+        m = max(ceil_div(tok, c.size) for c, (_, tok, _) in zip(kids, sums, strict=True))
+        return kids, z, m
 
     def _time(self, j: int) -> tuple[float, bool]:
         """Parent ``j``'s time and whether that is its per-bin (split) layout."""
@@ -167,7 +236,8 @@ class NodeSeed:
     def _time_floor(self, j: int, changed: _Bin) -> float:
         """A lower bound of ``_time(j)`` without packing children: the unrepacked time, or a
         split layout no faster than the changed bin's work spread on its ranks (every child
-        of it is at least that slow on average) and its busiest rank's token share."""
+        of it is at least that slow on average) and its busiest rank's token share, nor than
+        the other bins' children (packed already, they stay as they are)."""
         cost, size, bins = self.p.cost, self.sizes[j], self.bins[j]
         full = sum(b.full_s for b in bins)
         tokens = sum(b.tokens for b in bins)
@@ -175,8 +245,14 @@ class NodeSeed:
         if self.whole[j] or size == 1:
             return whole
         m = max(ceil_div(tokens, size), ceil_div(changed.tokens, changed.ranks))
+        z = changed.work / changed.ranks
+        for b in bins:  # the other bins keep the children they have
+            if b is not changed and b.fresh:
+                if b.packed is None:
+                    return whole
+                z, m = max(z, b.packed[1]), max(m, b.packed[2])
         split = cost.full_layers * full_layer_seconds(cost, size, full, m)
-        split += cost.sparse_layers * changed.work / changed.ranks
+        split += cost.sparse_layers * z
         return min(whole, split)
 
     def layout(self, j: int) -> Parent:
@@ -190,6 +266,7 @@ class NodeSeed:
 
     # --- moves -----------------------------------------------------------------------------
     def improve(self, clock: Budget | None = None) -> None:
+        self.work = 0
         while self.work < self.move_work and not (clock is not None and clock.expired()):
             if not self._move_one():
                 return
@@ -213,42 +290,94 @@ class NodeSeed:
             for s in sorted(src.samples, key=p.heavy_rank.__getitem__):
                 if self.work >= self.move_work:
                     return False
-                saved = (src.packed, src.fresh)
-                self._add(src, s, -1)
-                self.work += len(src.samples)
-                t_without = self._time(c)[0]
-                if t_without < target and self._place_moved(
-                    c, src, s, t_without, target, receivers
-                ):
+                if self._move_sample(c, src, s, target, receivers):
                     return True
-                self._add(src, s)
-                src.packed, src.fresh = saved
         return False
 
-    def _place_moved(
-        self, c: int, src: _Bin, s: int, t_without: float, target: float, receivers: list[_Bin]
-    ) -> bool:
-        """Put ``s`` (already out of ``src``) into the first receiver that keeps both parents
-        under ``target``; False leaves it out."""
+    def _move_sample(self, c: int, src: _Bin, s: int, target: float, receivers: list[_Bin]) -> bool:
+        """Move ``s`` out of ``src`` into the first receiver that keeps both parents under
+        ``target``. Tries edit the bins' children (``_edited``: ``s`` out of its child, into
+        the receiver's fastest child with room) rather than re-pack them; a receiver with no
+        child that has room is re-packed. The critical parent without ``s`` is evaluated
+        once, when a receiver of another parent takes it, and ``s`` is skipped outright when
+        that alone does not bring the critical parent under ``target``."""
+        t_without: float | None = None
         for dst in receivers:
-            if dst is src or not self._room(dst, s) or self.work >= self.move_work:
-                continue
             q = dst.parent
-            saved = (dst.packed, dst.fresh)
-            self._add(dst, s)
-            if q != c and self._time_floor(q, dst) >= target:
-                self._add(dst, s, -1)
-                dst.packed, dst.fresh = saved
+            if dst is src or self.work >= self.move_work:
                 continue
-            self.work += len(dst.samples)
-            t_q = self._time(q)[0]
-            if t_q < target:
-                t_c = t_q if q == c else t_without
-                self.times[c], self.times[q] = t_c, t_q
-                return True
-            self._add(dst, s, -1)
-            dst.packed, dst.fresh = saved
+            self.work += 1  # a receiver looked at
+            if q != c and (
+                self._parent_tokens(q) + self.p.tokens[s] > self.p.capacity(self.sizes[q])
+            ):
+                continue  # a node may overflow (its parent then stays unrepacked), a parent not
+            if q != c and (
+                self._floor_with(dst, s) >= target
+                or self._trial(dst, s, 1, partial(self._seconds, q)) >= target
+            ):
+                continue
+            if t_without is None:
+                t_without = self._trial(src, s, -1, partial(self._seconds, c))
+            if t_without >= target:
+                return False
+            both = partial(self._trial, dst, s, 1, partial(self._seconds, c))
+            if q == c and self._trial(src, s, -1, both) >= target:
+                continue
+            self._commit(s, src, dst)
+            self.times[c] = self._time(c)[0]
+            self.times[q] = self._time(q)[0]
+            return True
         return False
+
+    def _seconds(self, j: int) -> float:
+        return self._time(j)[0]
+
+    def _floor_with(self, dst: _Bin, s: int) -> float:
+        """``_time_floor`` of ``dst``'s parent with ``s`` in ``dst``: rules out most receivers
+        before their children are edited."""
+        saved = (dst.packed, dst.fresh)
+        self._add(dst, s)
+        floor = self._time_floor(dst.parent, dst)
+        self._add(dst, s, -1)
+        dst.packed, dst.fresh = saved
+        return floor
+
+    def _trial(self, b: _Bin, s: int, sign: int, evaluate: Callable[[], float]) -> float:
+        """``evaluate()`` with ``s`` added to (``sign`` 1) or taken out of (-1) bin ``b``'s
+        edited children, then everything restored."""
+        if self.whole[b.parent]:  # unrepacked: charged as a re-pack, which it replaces
+            edited = None
+            self.work += len(b.samples)
+        else:
+            edited = self._edited(b, s, sign)
+        saved = (b.packed, b.fresh)
+        self._add(b, s, sign)
+        if edited is not None:
+            b.packed, b.fresh = edited, True
+        try:
+            return evaluate()
+        finally:
+            self._add(b, s, -sign)
+            b.packed, b.fresh = saved
+
+    def _commit(self, s: int, src: _Bin, dst: _Bin) -> None:
+        """Apply a tried move as it was tried (both bins' edited children), then re-pack each
+        changed bin (``children_of_segment``) and keep that where its parent gets faster."""
+        edits = [
+            (b, sign, None if self.whole[b.parent] else self._edited(b, s, sign))
+            for b, sign in ((src, -1), (dst, 1))
+        ]
+        for b, sign, edited in edits:
+            self._add(b, s, sign)
+            if edited is not None:
+                b.packed, b.fresh = edited, True
+        for b, _, edited in edits:
+            if edited is None:
+                continue  # re-packed when next evaluated
+            kept = self._time(b.parent)[0]
+            b.fresh = False
+            if self._time(b.parent)[0] >= kept:
+                b.packed, b.fresh = edited, True
 
     def members(self) -> list[list[int]]:
         return [sorted(s for b in bins for s in b.samples) for bins in self.bins]
@@ -265,10 +394,12 @@ def node_seed(
     Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes);
     with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
     seed = NodeSeed(problem, sizes, repack)
-    if clock is not None:
-        seed.move_work = clock.evals(MOVE_WORK)  # the request's deterministic work budget
-    if problem.num_samples * sum(len(bins) for bins in seed.bins) > MAX_PAIRS:
+    pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
+    if pairs > MAX_PAIRS:
         return None
+    if clock is not None:  # the request's deterministic work budget
+        scale = min(MAX_WORK_SCALE, max(1.0, pairs / WORK_PAIRS))
+        seed.move_work = clock.evals(round(MOVE_WORK * scale))
     if not seed.place(fixed):
         return None
     seed.improve(clock)
