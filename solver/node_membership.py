@@ -126,6 +126,17 @@ class NodeSeed:
             return sum(x.work for x in self.bins[j]) / self.sizes[j]
         return b.work / b.ranks
 
+    def _needs_whole(self, s: int, owner: dict[int, int]) -> bool:
+        """Whether ``s`` is longer than the memory of every bin it may go to that is not part
+        of a whole parent (its own parent's, when membership is fixed), and there is one."""
+        p = self.p
+        ranks = [
+            bins[0].ranks
+            for j, bins in enumerate(self.bins)
+            if not self.whole[j] and (not self.fixed or j == owner[s])
+        ]
+        return bool(ranks) and p.tokens[s] > p.capacity(max(ranks))
+
     def _open_bins(self) -> list[_Bin]:
         """Every bin, a whole parent counting as its first bin only."""
         return [
@@ -145,10 +156,14 @@ class NodeSeed:
                 for b in self._open_bins()
                 if self._room(b, s) and (not self.fixed or b.parent == owner[s])
             ]
-            if fits:
+            if fits and not self._needs_whole(s, owner):
                 b = min(fits, key=lambda b: (self._load(b) + p.work_s[s] / b.ranks, b.start))
                 self._add(b, s)
                 continue
+            # No bin has room, or the sample is longer than any node: every parent that holds
+            # it is a choice, the whole ones and those it would make whole (else a second
+            # such sample would join the first one's parent, the only bin that fits it,
+            # however loaded that parent is).
             holders = [
                 j
                 for j in range(len(self.sizes))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -26,17 +27,21 @@ MODES = ("sizing", "repack", "repack+parent", "repack+sizing")
 
 
 def packed_lengths(
-    rng: random.Random, sizes: list[int], long_share: float
+    rng: random.Random, sizes: list[int], long_share: float | Sequence[float]
 ) -> tuple[list[int], list[int]]:
     """Every parent filled to >= 99% of its memory, as a packing loader does; parent 0 may
-    start with one long sample."""
+    start with long samples (``long_share`` of its memory each: a loader filling parents in
+    arrival order puts two long samples drawn close together into one parent)."""
+    shares = [long_share] if isinstance(long_share, float | int) else list(long_share)
     lengths: list[int] = []
     parent_of: list[int] = []
     for j, size in enumerate(sizes):
         cap = size * MAX_TOKENS
         left = cap
-        if j == 0 and long_share > 0:
-            n = int(long_share * cap)
+        for share in shares if j == 0 else []:
+            n = int(share * cap)
+            if n <= 0:
+                continue
             lengths.append(n)
             parent_of.append(j)
             left -= n
@@ -48,7 +53,9 @@ def packed_lengths(
     return lengths, parent_of
 
 
-def loader_request(nodes: int, gpus: int, size: int, long_share: float, seed: int) -> PlanRequest:
+def loader_request(
+    nodes: int, gpus: int, size: int, long_share: float | Sequence[float], seed: int
+) -> PlanRequest:
     """A packed step as a loader sends it: parents of ``size`` ranks, each filled to >= 99%,
     ``parent_of`` given; parent 0 starts with a sample of ``long_share`` of its memory."""
     sizes = [size] * (nodes * gpus // size)
@@ -75,8 +82,8 @@ def requests(draw: st.DrawFn) -> PlanRequest:
     if draw(st.booleans()) and allowed:  # packed by a loader
         size = draw(st.sampled_from(allowed))
         sizes = [size] * (world // size)
-        share = draw(st.sampled_from([0.0, 0.3, 0.6]))
-        data["lengths"], data["parent_of"] = packed_lengths(rng, sizes, share)
+        shares = draw(st.sampled_from([(0.0,), (0.3,), (0.6,), (0.35, 0.35), (0.45, 0.3)]))
+        data["lengths"], data["parent_of"] = packed_lengths(rng, sizes, shares)
         data["parent_sizes"] = sizes
     else:
         fill = draw(st.floats(0.05, 0.6))
@@ -89,12 +96,17 @@ def requests(draw: st.DrawFn) -> PlanRequest:
 
 
 def reference_for(req: PlanRequest, mode: str, base: Plan) -> float | None:
+    """The reference's step time for ``mode``. An unrepacked layout is a layout of every
+    repacking mode too, so the modes that choose membership must beat both references."""
     problem = Problem.from_request(req)
     sizes = [p.ranks[1] - p.ranks[0] for p in base.parents]
     if mode == "repack":
         fixed = [list(p.samples) for p in base.parents]
         return reference_step_s(problem, sizes, repack=True, fixed=fixed)
-    return reference_step_s(problem, sizes, repack=mode != "sizing")
+    found = [reference_step_s(problem, sizes, repack=False)]
+    if mode != "sizing":
+        found.append(reference_step_s(problem, sizes, repack=True))
+    return min((t for t in found if t is not None), default=None)
 
 
 @settings(
@@ -137,3 +149,23 @@ def test_packed_parents_give_short_samples_to_unrepacked_ones(
     assert ref is not None
     got = plan(req.model_copy(update={"mode": "repack+parent"}), deadline_ms=60_000)
     assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE)
+
+
+@pytest.mark.parametrize(("gpus", "shares"), [(8, (0.36, 0.35)), (4, (0.3, 0.28))])
+def test_two_samples_longer_than_a_node_in_one_packed_parent(
+    gpus: int, shares: tuple[float, float]
+) -> None:
+    """A loader filling parents in arrival order put two samples longer than a node into one
+    full parent (an independent 64-GPU packed trace: -0.85% instead of -20%). Each must end in
+    a parent of its own; only a swap of one of them against hundreds of short samples gets
+    there, which no single move or bounded neighbourhood makes."""
+    req = loader_request(8, gpus, 4 * gpus, shares, 3)
+    node_tokens = gpus * MAX_TOKENS
+    assert sum(n > node_tokens for n in req.lengths) == 2
+    problem = Problem.from_request(req)
+    sizes = list(req.parent_sizes or [])
+    refs = [reference_step_s(problem, sizes, repack=r) for r in (False, True)]
+    ref = min(t for t in refs if t is not None)
+    for mode in ("repack+parent", "repack+sizing"):
+        got = plan(req.model_copy(update={"mode": mode}), deadline_ms=60_000)
+        assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE), (mode, ref)
