@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from solver.bounds import membership_free_bound, reported_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
+from solver.child_swaps import swap_children
 from solver.children import (
     ChildrenSolution,
     children_below,
@@ -413,13 +414,21 @@ def _faster_candidate(best: _Candidate, other: _Candidate | None, bound: float) 
 
 def _improved(problem: Problem, best: _Candidate, budget: Budget, mode: str) -> _Candidate:
     """The pipeline's layout improved by LNS on the joint model (``membership_lns``, with the
-    mode's ``SEARCH_SCALE``); same bound, since the bound holds for any membership."""
+    mode's ``SEARCH_SCALE``), then by sample swaps between children (``child_swaps``: what
+    memory-full children still allow); same bound, since the bound holds for any membership."""
     if best.searched:
         return best
     lns = improve(
         problem, best.layout, best.evaluation, budget, best.lower_bound_s, SEARCH_SCALE[mode]
     )
-    return _Candidate(lns.layout, lns.evaluation, best.lower_bound_s, searched=True)
+    layout, evaluation = lns.layout, lns.evaluation
+    if not budget.expired():
+        swapped = swap_children(problem, layout, budget)
+        if swapped is not layout:
+            after = evaluate(swapped, problem.cost, problem.costs)
+            if after.step_s < evaluation.step_s:
+                layout, evaluation = swapped, after
+    return _Candidate(layout, evaluation, best.lower_bound_s, searched=True)
 
 
 def _faster(

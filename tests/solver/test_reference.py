@@ -139,6 +139,11 @@ def test_no_mode_is_beaten_by_the_reference(req: PlanRequest) -> None:
         # (its move phase spends its work re-packing the critical node for heavy samples no
         # receiver can take); the LNS stage after it (membership_lns) closes the gap.
         (8, 8, 8, 0.6, 1),
+        # Packed with no long sample: every child is full, so single moves stop 0.36% (two
+        # 16-rank parents) and 0.17% (four 8-rank parents) slower; swaps of a heavy sample
+        # for a lighter one of about its length (``child_swaps``) close it.
+        (4, 8, 16, 0.0, 3),
+        (4, 8, 8, 0.0, 2),
     ],
 )
 def test_packed_parents_give_short_samples_to_unrepacked_ones(

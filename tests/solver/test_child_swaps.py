@@ -1,0 +1,81 @@
+"""Sample swaps between children (``solver.child_swaps``): what memory-full children still
+allow, on packed loader steps whose every child is full."""
+
+from __future__ import annotations
+
+import pytest
+
+from solver.budget import Budget
+from solver.child_swaps import swap_children
+from solver.layout import Child, Layout, Parent, evaluate
+from solver.node_membership import node_seed
+from solver.planner import plan
+from solver.problem import Problem
+from solver.schema import Plan, PlanRequest
+from solver.validate import validate_plan
+from tests.solver.test_reference import loader_request
+
+
+def layout_of(request: PlanRequest, mode: str) -> tuple[Plan, Layout]:
+    """The plan of ``mode`` and its layout rebuilt from the wire format."""
+    got = plan(request.model_copy(update={"mode": mode}), deadline_ms=60_000)
+    parents = []
+    for par in got.parents:
+        start, end = par.ranks
+        kids = tuple(
+            Child(c.ranks[0], c.ranks[1] - c.ranks[0], tuple(c.samples))
+            for c in got.children
+            if start <= c.ranks[0] < end
+        )
+        parents.append(Parent(start, end - start, kids))
+    return got, tuple(parents)
+
+
+@pytest.mark.parametrize("case", [(4, 8, 16, 0.0, 3), (4, 8, 8, 0.0, 2), (2, 8, 16, 0.3, 5)])
+def test_swaps_keep_memory_samples_and_ranks_and_never_slow_down(
+    case: tuple[int, int, int, float, int],
+) -> None:
+    request = loader_request(*case)
+    problem = Problem.from_request(request)
+    # the greedy children, before any swap: the stage has work to do there
+    _, layout = layout_of(request, "repack")
+    before = evaluate(layout, problem.cost, problem.costs).step_s
+    swapped = swap_children(problem, layout, Budget(60_000))
+    after = evaluate(swapped, problem.cost, problem.costs).step_s
+    assert after <= before
+    assert [(p.start, p.size) for p in swapped] == [(p.start, p.size) for p in layout]
+    for old, new in zip(layout, swapped, strict=True):
+        assert [(c.start, c.size) for c in new.children] == [
+            (c.start, c.size) for c in old.children
+        ]
+        for c in new.children:
+            assert sum(problem.tokens[s] for s in c.samples) <= problem.capacity(c.size)
+    every = sorted(s for p in swapped for c in p.children for s in c.samples)
+    assert every == list(range(problem.num_samples))
+
+
+def test_swaps_speed_up_memory_full_children_and_the_plan_stays_valid() -> None:
+    """Two 16-rank parents packed full, no long sample: the node stage's moves stop where no
+    child has room for one more sample; swaps still make the step faster, and the planner's
+    plan with them passes the solver-independent validation."""
+    request = loader_request(4, 8, 16, 0.0, 3)
+    problem = Problem.from_request(request)
+    seeded = node_seed(problem, list(request.parent_sizes or []), Budget(60_000))
+    assert seeded is not None
+    layout = seeded[1]
+    swapped = swap_children(problem, layout, Budget(60_000))
+    before = evaluate(layout, problem.cost, problem.costs).step_s
+    assert evaluate(swapped, problem.cost, problem.costs).step_s < before * (1 - 1e-4)
+    for mode in ("repack+parent", "repack+sizing"):
+        req = request.model_copy(update={"mode": mode})
+        got, _ = layout_of(request, mode)
+        assert validate_plan(req, got) == []
+
+
+def test_same_request_same_swaps() -> None:
+    request = loader_request(4, 8, 16, 0.0, 3)
+    problem = Problem.from_request(request)
+    _, layout = layout_of(request, "repack")
+    first = swap_children(problem, layout, Budget(60_000))
+    second = swap_children(problem, layout, Budget(60_000))
+    assert first == second
