@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from solver.cpsat_model import LeanCpModel
 from solver.cpsat_units import time_unit_s
 from solver.layout import Child, Parent
 from solver.problem import Problem
@@ -85,7 +86,7 @@ class ChildModel:
         )
         self.unit_s = time_unit_s(self._horizon_s())
         self.incumbent = incumbent_s
-        self.model = cp_model.CpModel()
+        self.model = LeanCpModel()
         self.slots = [
             _Slot(n, k, q, n * self.g)
             for n in range(self.nodes)

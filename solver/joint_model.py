@@ -34,6 +34,7 @@ from itertools import pairwise
 from ortools.sat.python import cp_model
 
 from solver.child_cpsat import WORK_LIMIT_REACHED
+from solver.cpsat_model import LeanCpModel
 from solver.cpsat_units import time_unit_s
 from solver.layout import Child, Layout, Parent, parent_time, unrepacked
 from solver.problem import Problem
@@ -188,7 +189,7 @@ class JointModel:
     def _build(self, hint_bin: dict[int, int], hint_used: set[int]) -> None:
         p, cost = self.p, self.p.cost
         tokens = p.tokens
-        m = self.model = cp_model.CpModel()
+        m = self.model = LeanCpModel()
         cap = cost.max_tokens_per_rank
         node_cap = cost.gpus_per_node * cap
         self.used = {b: m.new_bool_var("") for b, bin_ in enumerate(self.bins) if not bin_.fixed}
