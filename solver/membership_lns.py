@@ -127,12 +127,17 @@ def improve(
     moves = 0
     accepted: list[str] = []
     improved = True
+    start = layout
+    # The search compares parent times only (plain sums, one per changed parent); the whole
+    # evaluation (numpy sums, inter-node bytes) is done once, for the layout it returns.
+    times = tuple(_parent_seconds(problem, par) for par in layout)
+    searched = LayoutEval(max(times), times, evaluation.inter_node_bytes, evaluation.imbalance)
     shares: dict[tuple[float, int], list[int]] = {}
     max_moves = budget.evals(round(MAX_MOVES * scale))
     left = budget.cpsat_seconds(LNS_SECONDS * scale)
     while improved and moves < max_moves and left > 0 and not budget.expired():
         improved = False
-        for hood in _neighbourhoods(problem, layout, evaluation):
+        for hood in _neighbourhoods(problem, layout, searched):
             if moves >= max_moves or left <= 0 or budget.expired():
                 break
             moves += 1
@@ -148,25 +153,27 @@ def improve(
             found = result.layout
             if found is None:
                 continue
-            new = _reevaluate(problem, found, evaluation, hood)
-            if _better(new, evaluation):
-                layout, evaluation = found, new
+            new = _reevaluate(problem, found, searched, hood)
+            if _better(new, searched):
+                layout, searched = found, new
                 accepted.append(hood.kind)
                 improved = True
                 break
+    if layout is not start:
+        evaluation = evaluate(layout, problem.cost, problem.costs)
     return LnsResult(layout, evaluation, moves, tuple(accepted))
 
 
 def _reevaluate(
     problem: Problem, layout: Layout, old: LayoutEval, hood: Neighbourhood
 ) -> LayoutEval:
-    """The exact step time of a move's layout: only the neighbourhood's parents changed."""
+    """The search's step time of a move's layout: only the neighbourhood's parents changed.
+    Only ``step_s`` and ``parent_s`` are the move's; ``improve`` evaluates the layout it
+    returns in full."""
     times = list(old.parent_s)
     for j in hood.parents:
         times[j] = _parent_seconds(problem, layout[j])
-    if max(times) > old.step_s:
-        return LayoutEval(max(times), tuple(times), old.inter_node_bytes, old.imbalance)
-    return evaluate(layout, problem.cost, problem.costs)
+    return LayoutEval(max(times), tuple(times), old.inter_node_bytes, old.imbalance)
 
 
 def _better(new: LayoutEval, old: LayoutEval) -> bool:
