@@ -22,9 +22,15 @@ from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Layout, Parent
 from solver.problem import Problem
 
-SWAP_WORK = 12_000
+SWAP_WORK = 6000
 """Deterministic work per request at the full work budget (``Budget.evals``), in children
 looked at and swaps evaluated (a few microseconds each)."""
+SWAP_WORLD = 64
+"""Ranks of a request that ``SWAP_WORK`` is sized for; a larger one gets its share of more (up
+to ``MAX_SWAP_SCALE`` times): above 128 ranks the LNS does not run, so the swaps are the only
+search after the greedy stages, and a step needs more of them (512 GPUs, packed, 8-rank
+parents: 4109.7 / 4095.7 / 4072.8 ms at 1x / 2x / 8x, the stage 12 / 19 / 61 ms)."""
+MAX_SWAP_SCALE = 8
 SOURCES = 2
 """Slowest children of the critical parent that give samples away."""
 IMPROVEMENT = 1e-9
@@ -141,6 +147,19 @@ class _Swaps:
         here = self._time(c, {ci: (sb - sa, tb - ta)}, fb - fa)
         return max(here, self._time(q, {di: (sa - sb, ta - tb)}, fa - fb))
 
+    def _side(self, j: int, i: int, out: int | None, into: int | None) -> float:
+        """Parent ``j``'s time with ``out`` (or nothing) leaving its child ``i`` and ``into``
+        (or nothing) joining it: one side of an exchange between two parents."""
+        s_out, t_out, f_out = self._load(out)
+        s_in, t_in, f_in = self._load(into)
+        return self._time(j, {i: (s_in - s_out, t_in - t_out)}, f_in - f_out)
+
+    def _load(self, sample: int | None) -> tuple[float, int, float]:
+        p = self.p
+        if sample is None:
+            return 0.0, 0, 0.0
+        return p.sparse_s[sample], p.tokens[sample], p.full_s[sample]
+
     def _commit(self, c: int, ci: int, a: int, q: int, di: int, b: int | None) -> None:
         p = self.p
         src, dst = self.pars[c].kids[ci], self.pars[q].kids[di]
@@ -192,6 +211,8 @@ class _Swaps:
                 for _, q, di in receivers:
                     if q == c and di == ci:
                         continue
+                    if q != c and self.times[q] >= target:
+                        continue  # it only gets heavier: ``a`` outweighs any partner of it
                     if self._try_child(c, ci, a, q, di, target, limit):
                         return True
                     if self.tries >= limit:
@@ -202,26 +223,80 @@ class _Swaps:
         self, c: int, ci: int, a: int, q: int, di: int, target: float, limit: int
     ) -> bool:
         """Swap ``a`` against a lighter sample of child ``di`` of ``q`` (or move it there
-        alone), lighter first by the most work, memory kept on both sides."""
+        alone), memory kept on both sides. Every per-sample time grows with the length, so
+        a shorter sample is a lighter one."""
         p = self.p
+        self.tries += 1  # the child looked at
         src, dst = self.pars[c].kids[ci], self.pars[q].kids[di]
         src_room = p.capacity(src.size) - src.tokens + p.tokens[a]
         dst_room = p.capacity(dst.size) - dst.tokens - p.tokens[a]
-        # a swap partner keeps both children within memory and is lighter than ``a``
+        # a swap partner keeps both children within memory
         samples, lengths = self._by_tokens(q, di)
         lo = bisect.bisect_left(lengths, -dst_room)
         hi = bisect.bisect_right(lengths, src_room)
-        rank = p.heavy_rank
-        lighter = sorted((b for b in samples[lo:hi] if rank[b] > rank[a]), key=rank.__getitem__)
-        options: list[int | None] = [None] if dst_room >= 0 else []
+        # shorter than ``a`` (an equal length changes nothing), longest first
+        lighter = samples[lo : min(hi, bisect.bisect_left(lengths, p.tokens[a]))][::-1]
+        if q == c:
+            return self._try_within(c, ci, a, di, lighter, dst_room >= 0, target, limit)
+        if dst_room >= 0:
+            self.tries += 1  # the move: the critical side gains the most (``step`` checked)
+            if self._side(q, di, None, a) < target:
+                self._commit(c, ci, a, q, di, None)
+                return True
+        # Both sides are monotone in the partner's length: the critical parent gets slower,
+        # the receiver faster, the heavier the partner. So the heaviest partner that gets the
+        # critical parent under ``target`` is the only one to try: if the receiver is over
+        # with it, it is over with every lighter one. It is found by galloping (usually the
+        # heaviest partner already does), then bisection.
+        lo, hi, step = 0, len(lighter), 1
+        while lo < hi:
+            if self.tries >= limit:
+                return False
+            self.tries += 1
+            probe = min(lo + step - 1, hi - 1)
+            if self._side(c, ci, a, lighter[probe]) < target:
+                hi = probe
+                break
+            lo, step = probe + 1, step * 2
+        while lo < hi:
+            if self.tries >= limit:
+                return False
+            self.tries += 1
+            mid = (lo + hi) // 2
+            if self._side(c, ci, a, lighter[mid]) < target:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == len(lighter) or self.tries >= limit:
+            return False
+        self.tries += 1
+        b = lighter[lo]
+        if self._side(q, di, b, a) < target:
+            self._commit(c, ci, a, q, di, b)
+            return True
+        return False
+
+    def _try_within(
+        self,
+        c: int,
+        ci: int,
+        a: int,
+        di: int,
+        lighter: list[int],
+        move: bool,
+        target: float,
+        limit: int,
+    ) -> bool:
+        """``_try_child`` between two children of the critical parent: both sides count in
+        one time, so the partners are tried one by one, heaviest first."""
+        options: list[int | None] = [None] if move else []
         options.extend(lighter)
-        self.tries += 1  # the child looked at
         for b in options:
             if self.tries >= limit:
                 return False
             self.tries += 1
-            if self._trial(c, ci, a, q, di, b) < target:
-                self._commit(c, ci, a, q, di, b)
+            if self._trial(c, ci, a, c, di, b) < target:
+                self._commit(c, ci, a, c, di, b)
                 return True
         return False
 
@@ -238,10 +313,12 @@ class _Swaps:
 
 def swap_children(problem: Problem, layout: Layout, budget: Budget) -> Layout:
     """``layout`` with samples exchanged between children while the critical parent gets
-    faster, within the request's deterministic share of ``SWAP_WORK``; the same layout when
+    faster, within the request's deterministic share of ``SWAP_WORK`` (more for large
+    requests, ``SWAP_WORLD``); the same layout when
     no swap helps."""
     swaps = _Swaps(problem, layout)
-    limit = budget.evals(SWAP_WORK)
+    scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))
+    limit = budget.evals(SWAP_WORK * scale)
     changed = False
     while swaps.tries < limit and not budget.expired():
         if not swaps.step(limit):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from solver.budget import Budget
-from solver.child_swaps import swap_children
+from solver.child_swaps import _Swaps, swap_children
 from solver.layout import Child, Layout, Parent, evaluate
 from solver.node_membership import node_seed
 from solver.planner import plan
@@ -79,3 +79,48 @@ def test_same_request_same_swaps() -> None:
     first = swap_children(problem, layout, Budget(60_000))
     second = swap_children(problem, layout, Budget(60_000))
     assert first == second
+
+
+class ScanSwaps(_Swaps):
+    """Every partner of a receiving child tried, longest first, both sides priced (the
+    oracle of the galloping search, which relies on both sides being monotone in the
+    partner's length)."""
+
+    def _try_child(
+        self, c: int, ci: int, a: int, q: int, di: int, target: float, limit: int
+    ) -> bool:
+        p = self.p
+        src, dst = self.pars[c].kids[ci], self.pars[q].kids[di]
+        src_room = p.capacity(src.size) - src.tokens + p.tokens[a]
+        dst_room = p.capacity(dst.size) - dst.tokens - p.tokens[a]
+        partners = sorted(
+            (b for b in dst.samples if -dst_room <= p.tokens[b] <= src_room),
+            key=lambda b: (-p.tokens[b], -b),
+        )
+        options: list[int | None] = [None] if dst_room >= 0 else []
+        options.extend(b for b in partners if p.tokens[b] < p.tokens[a])
+        for b in options:
+            if self._trial(c, ci, a, q, di, b) < target:
+                self._commit(c, ci, a, q, di, b)
+                return True
+        return False
+
+
+def run_all(swaps: _Swaps) -> Layout:
+    while swaps.step(10**9):
+        pass
+    return swaps.layout()
+
+
+@pytest.mark.parametrize("case", [(4, 8, 16, 0.0, 3), (4, 8, 8, 0.0, 2), (2, 8, 16, 0.3, 5)])
+def test_galloping_partner_search_swaps_as_a_scan_of_every_partner(
+    case: tuple[int, int, int, float, int],
+) -> None:
+    request = loader_request(*case)
+    problem = Problem.from_request(request)
+    seeded = node_seed(problem, list(request.parent_sizes or []), Budget(60_000))
+    assert seeded is not None
+    layout = seeded[1]  # memory-full children, an uneven critical parent
+    fast = run_all(_Swaps(problem, layout))
+    assert fast != layout  # there is something to swap
+    assert fast == run_all(ScanSwaps(problem, layout))
