@@ -19,6 +19,7 @@ The planner uses the result as one more candidate membership (and layout) of ``r
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,18 +48,25 @@ share of this: the moves a step needs, and the tries each move makes, grow with 
 and the bins (at 128 and 256 GPUs the fixed limit stopped 1-3 points short of what the same
 moves reach, and of the reference heuristic of the tests)."""
 
-MAX_WORK_SCALE = 4.0
-"""At most this multiple of ``MOVE_WORK`` (~70 ms on the development machine): beyond ~22,000
-pairs (256 GPUs and up) the sizing modes, which run this stage several times, would not keep
-their latency."""
+MAX_WORK_SCALE = 8.0
+"""At most this multiple of ``MOVE_WORK`` (~140 ms on the development machine), reached at
+~44,000 pairs (256 GPUs). Measured on 12 packed 256-GPU steps (8-rank parents, the loader of
+``scenarios/gpu64-packed.yaml`` on 32 nodes): caps 4 / 8 / 16 gave `repack+parent` -11.05 /
+-11.26 / -11.49% (max solve 243 / 296 / 382 ms) and `repack+sizing` -12.38 / -12.48 / -12.60%
+(max 684 / 677 / 853 ms); the sizing modes run this stage several times, and 16 left their
+1 s deadline too little headroom."""
 
 EDIT_WORK = 1
 """Work of one child in an edit: a pass over the bin's children plus the parent's time."""
 
 
-MAX_PAIRS = 60_000
-"""Above this many (sample x bin) pairs the stage is skipped: its placement scans every bin per
-sample, which would outlast a 1,024-GPU step's latency budget (the greedy path covers those)."""
+MAX_PAIRS = 100_000
+"""Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child
+swaps cover those requests). 100,000 takes in packed 256-GPU steps of 8-rank parents (~2,900
+samples x 32 bins), where the greedy path alone ended 1.2-10.5% slower than the tests'
+reference heuristic (the limit was 60,000 while the placement scanned every bin per sample;
+``_LightestBins`` made it 45 -> 11 ms there). 512 GPUs (~370,000 pairs) stay above it: with
+the stage there, `repack+sizing` reached its 1 s deadline on this machine."""
 
 
 @dataclass
@@ -86,6 +94,8 @@ class NodeSeed:
         self.starts = parent_starts(sizes)
         g = problem.cost.gpus_per_node
         self.whole = [not repack] * len(sizes)
+        self._widest: int | None = None
+        """Most ranks of a bin of a parent that is not whole (``_needs_whole``), or None."""
         self.bins: list[list[_Bin]] = [
             [_Bin(j, start + o, min(size, g)) for o in range(0, size, min(size, g))]
             for j, (start, size) in enumerate(zip(self.starts, sizes, strict=True))
@@ -130,12 +140,15 @@ class NodeSeed:
         """Whether ``s`` is longer than the memory of every bin it may go to that is not part
         of a whole parent (its own parent's, when membership is fixed), and there is one."""
         p = self.p
-        ranks = [
-            bins[0].ranks
-            for j, bins in enumerate(self.bins)
-            if not self.whole[j] and (not self.fixed or j == owner[s])
-        ]
-        return bool(ranks) and p.tokens[s] > p.capacity(max(ranks))
+        if self.fixed:
+            j = owner[s]
+            return not self.whole[j] and p.tokens[s] > p.capacity(self.bins[j][0].ranks)
+        if self._widest is None:  # kept until a parent goes whole
+            self._widest = max(
+                (bins[0].ranks for j, bins in enumerate(self.bins) if not self.whole[j]),
+                default=0,
+            )
+        return self._widest > 0 and p.tokens[s] > p.capacity(self._widest)
 
     def _open_bins(self) -> list[_Bin]:
         """Every bin, a whole parent counting as its first bin only."""
@@ -150,16 +163,14 @@ class NodeSeed:
         p = self.p
         self.fixed = fixed is not None
         owner = {s: j for j, group in enumerate(fixed or []) for s in group}
+        lightest = _LightestBins(self)
         for s in sorted(range(p.num_samples), key=lambda s: (-p.work_s[s], s)):
-            fits = [
-                b
-                for b in self._open_bins()
-                if self._room(b, s) and (not self.fixed or b.parent == owner[s])
-            ]
-            if fits and not self._needs_whole(s, owner):
-                b = min(fits, key=lambda b: (self._load(b) + p.work_s[s] / b.ranks, b.start))
-                self._add(b, s)
-                continue
+            if not self._needs_whole(s, owner):
+                b = self._lightest_of(owner[s], s) if self.fixed else lightest.pick(s)
+                if b is not None:
+                    self._add(b, s)
+                    lightest.done(b)
+                    continue
             # No bin has room, or the sample is longer than any node: every parent that holds
             # it is a choice, the whole ones and those it would make whole (else a second
             # such sample would join the first one's parent, the only bin that fits it,
@@ -174,9 +185,21 @@ class NodeSeed:
                 return False
             j = min(holders, key=lambda j: (sum(b.work for b in self.bins[j]) / self.sizes[j], j))
             self.whole[j] = True
+            self._widest = None
             self._add(self.bins[j][0], s)
+            lightest.done(self.bins[j][0])
         self.times = [self._time(j)[0] for j in range(len(self.sizes))]
         return True
+
+    def _key(self, b: _Bin, s: int) -> tuple[float, int]:
+        """LPT's choice among bins with room: lowest per-rank work after ``s``, then rank."""
+        return self._load(b) + self.p.work_s[s] / b.ranks, b.start
+
+    def _lightest_of(self, j: int, s: int) -> _Bin | None:
+        """The LPT bin of parent ``j`` for ``s`` (membership fixed), None if none has room."""
+        bins = self.bins[j][:1] if self.whole[j] else self.bins[j]
+        fits = [b for b in bins if self._room(b, s)]
+        return min(fits, key=lambda b: self._key(b, s)) if fits else None
 
     def _packed(self, b: _Bin) -> tuple[list[Child], float, int] | None:
         """The bin's children (re-packed, and charged its members, when it changed)."""
@@ -420,3 +443,67 @@ def node_seed(
     seed.improve(clock)
     layout = tuple(seed.layout(j) for j in range(len(sizes)))
     return seed.members(), layout
+
+
+class _LightestBins:
+    """LPT's bin choice without a scan of every bin per sample (which made the stage
+    quadratic: 45 ms at 256 GPUs, 168 ms at 512, ~0.65 s at 1,024 before).
+
+    Bins of parents that are not whole sit in one heap per rank count, by per-rank work: for
+    bins of equal ranks the per-rank work after a sample is ordered as before it, so each
+    heap's lightest bin with memory for the sample is its candidate (bins without room are
+    set aside and put back). Whole parents (few: one per sample longer than a node) are
+    scanned. The pick is the best candidate by ``NodeSeed._key``, as the scan chose."""
+
+    def __init__(self, seed: NodeSeed) -> None:
+        self.seed = seed
+        self.heaps: dict[int, list[tuple[float, int, int, int]]] = {}
+        for j, bins in enumerate(seed.bins):
+            if seed.whole[j]:
+                continue
+            for i, b in enumerate(bins):
+                self.heaps.setdefault(b.ranks, []).append((b.work / b.ranks, b.start, j, i))
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
+        self.popped: dict[int, list[tuple[float, int, int, int]]] = {}
+
+    def pick(self, s: int) -> _Bin | None:
+        seed, p = self.seed, self.seed.p
+        best: tuple[tuple[float, int], _Bin] | None = None
+        self.popped = {}
+        for ranks, heap in self.heaps.items():
+            aside = self.popped.setdefault(ranks, [])
+            room = p.capacity(ranks) - p.tokens[s]
+            while heap:
+                entry = heapq.heappop(heap)
+                _, _, j, i = entry
+                if seed.whole[j]:
+                    continue  # its parent went whole: it takes samples as its first bin only
+                aside.append(entry)
+                b = seed.bins[j][i]
+                if b.tokens <= room:
+                    key = seed._key(b, s)
+                    if best is None or key < best[0]:
+                        best = (key, b)
+                    break
+        for j, bins in enumerate(seed.bins):
+            if seed.whole[j] and seed._room(bins[0], s):
+                key = seed._key(bins[0], s)
+                if best is None or key < best[0]:
+                    best = (key, bins[0])
+        if best is None:
+            self.done(None)
+        return None if best is None else best[1]
+
+    def done(self, chosen: _Bin | None) -> None:
+        """Put the set-aside bins back, ``chosen`` with its new work."""
+        seed = self.seed
+        for ranks, aside in self.popped.items():
+            heap = self.heaps[ranks]
+            for entry in aside:
+                _, start, j, i = entry
+                b = seed.bins[j][i]
+                if b is chosen:
+                    entry = (b.work / b.ranks, start, j, i)
+                heapq.heappush(heap, entry)
+        self.popped = {}
