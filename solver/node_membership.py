@@ -183,17 +183,48 @@ class NodeSeed:
             ]
             if not holders:
                 return False
-            j = min(holders, key=lambda j: (sum(b.work for b in self.bins[j]) / self.sizes[j], j))
+            j = min(holders, key=lambda j: (self._parent_load(j), j))
             self.whole[j] = True
             self._widest = None
+            lightest.went_whole(j)
             self._add(self.bins[j][0], s)
             lightest.done(self.bins[j][0])
         self.times = [self._time(j)[0] for j in range(len(self.sizes))]
         return True
 
+    def _lpt_load(self, b: _Bin) -> float:
+        """Per-rank seconds LPT balances: the parent's full-attention layers (Ulysses spreads
+        them over all its ranks, so they are shared by its nodes) plus the bin's sparse layers
+        and its tokens' linear work in the full layers (the whole parent's, when whole).
+        Sparse work alone put a second long sample on the empty second node of the first
+        one's parent, doubling that parent's full attention (a packed 256-GPU step of 16-rank
+        parents ended 28% above its bound)."""
+        cost = self.p.cost
+        j = b.parent
+        bins, size = self.bins[j], self.sizes[j]
+        lin = cost.full_layers * cost.linear_seconds_per_token
+        full = cost.full_layers * sum(x.full_s for x in bins) / size
+        if self.whole[j]:
+            return self._parent_load(j)
+        return full + (cost.sparse_layers * b.work + lin * b.tokens) / b.ranks
+
+    def _parent_load(self, j: int) -> float:
+        """``_lpt_load`` of parent ``j`` as one whole bin."""
+        cost = self.p.cost
+        bins, size = self.bins[j], self.sizes[j]
+        lin = cost.full_layers * cost.linear_seconds_per_token
+        full = cost.full_layers * sum(x.full_s for x in bins)
+        return (full + sum(cost.sparse_layers * x.work + lin * x.tokens for x in bins)) / size
+
     def _key(self, b: _Bin, s: int) -> tuple[float, int]:
-        """LPT's choice among bins with room: lowest per-rank work after ``s``, then rank."""
-        return self._load(b) + self.p.work_s[s] / b.ranks, b.start
+        """LPT's choice among bins with room: lowest ``_lpt_load`` after ``s``, then rank."""
+        p, cost = self.p, self.p.cost
+        size = self.sizes[b.parent]
+        ranks = size if self.whole[b.parent] else b.ranks
+        lin = cost.full_layers * cost.linear_seconds_per_token
+        extra = cost.full_layers * p.full_s[s] / size
+        extra += (cost.sparse_layers * p.work_s[s] + lin * p.tokens[s]) / ranks
+        return self._lpt_load(b) + extra, b.start
 
     def _lightest_of(self, j: int, s: int) -> _Bin | None:
         """The LPT bin of parent ``j`` for ``s`` (membership fixed), None if none has room."""
@@ -449,61 +480,86 @@ class _LightestBins:
     """LPT's bin choice without a scan of every bin per sample (which made the stage
     quadratic: 45 ms at 256 GPUs, 168 ms at 512, ~0.65 s at 1,024 before).
 
-    Bins of parents that are not whole sit in one heap per rank count, by per-rank work: for
-    bins of equal ranks the per-rank work after a sample is ordered as before it, so each
-    heap's lightest bin with memory for the sample is its candidate (bins without room are
-    set aside and put back). Whole parents (few: one per sample longer than a node) are
-    scanned. The pick is the best candidate by ``NodeSeed._key``, as the scan chose."""
+    Every bin of a parent that is not whole, and every whole parent (one bin), sits in one
+    heap per (ranks, parent size, whole), by ``NodeSeed._lpt_load``: within one heap a sample
+    adds the same per-rank seconds to every entry, so the order after it is the order before
+    it, and each heap's lightest entry with memory for the sample is its candidate (entries
+    without room are set aside and put back). A bin's load also counts its parent's
+    full-attention layers, which its sibling nodes change: an entry carries its parent's
+    version and is re-keyed when popped stale (loads only grow during the placement, so a
+    stale entry is never popped too late). The pick is the best candidate by
+    ``NodeSeed._key``, as the scan chose."""
 
     def __init__(self, seed: NodeSeed) -> None:
         self.seed = seed
-        self.heaps: dict[int, list[tuple[float, int, int, int]]] = {}
+        self.version = [0] * len(seed.bins)
+        self.heaps: dict[tuple[int, int, bool], list[_Entry]] = {}
         for j, bins in enumerate(seed.bins):
-            if seed.whole[j]:
-                continue
-            for i, b in enumerate(bins):
-                self.heaps.setdefault(b.ranks, []).append((b.work / b.ranks, b.start, j, i))
-        for heap in self.heaps.values():
-            heapq.heapify(heap)
-        self.popped: dict[int, list[tuple[float, int, int, int]]] = {}
+            for i in [WHOLE] if seed.whole[j] else range(len(bins)):
+                self._push(j, i)
+        self.popped: dict[tuple[int, int, bool], list[_Entry]] = {}
+
+    def went_whole(self, j: int) -> None:
+        """Parent ``j`` takes samples as one bin from now on (its bins' entries are dropped
+        when popped)."""
+        self._push(j, WHOLE)
+
+    def _push(self, j: int, i: int) -> None:
+        seed = self.seed
+        size = seed.sizes[j]
+        if i == WHOLE:
+            group, load = (size, size, True), seed._parent_load(j)
+        else:
+            group, load = (seed.bins[j][i].ranks, size, False), seed._lpt_load(seed.bins[j][i])
+        entry = (load, seed.bins[j][0 if i == WHOLE else i].start, j, i, self.version[j])
+        heapq.heappush(self.heaps.setdefault(group, []), entry)
 
     def pick(self, s: int) -> _Bin | None:
         seed, p = self.seed, self.seed.p
         best: tuple[tuple[float, int], _Bin] | None = None
         self.popped = {}
-        for ranks, heap in self.heaps.items():
-            aside = self.popped.setdefault(ranks, [])
+        for group, heap in self.heaps.items():
+            ranks, _, whole = group
+            aside = self.popped.setdefault(group, [])
             room = p.capacity(ranks) - p.tokens[s]
             while heap:
-                entry = heapq.heappop(heap)
-                _, _, j, i = entry
-                if seed.whole[j]:
-                    continue  # its parent went whole: it takes samples as its first bin only
-                aside.append(entry)
-                b = seed.bins[j][i]
-                if b.tokens <= room:
+                entry = heap[0]
+                _, _, j, i, version = entry
+                if not whole and seed.whole[j]:
+                    heapq.heappop(heap)  # its parent went whole: it has a whole entry now
+                    continue
+                if version != self.version[j]:
+                    heapq.heappop(heap)
+                    self._push(j, i)  # a sibling took samples: re-keyed
+                    continue
+                aside.append(heapq.heappop(heap))
+                b = seed.bins[j][0 if whole else i]
+                if (seed._parent_tokens(j) if whole else b.tokens) <= room:
                     key = seed._key(b, s)
                     if best is None or key < best[0]:
                         best = (key, b)
                     break
-        for j, bins in enumerate(seed.bins):
-            if seed.whole[j] and seed._room(bins[0], s):
-                key = seed._key(bins[0], s)
-                if best is None or key < best[0]:
-                    best = (key, bins[0])
         if best is None:
             self.done(None)
         return None if best is None else best[1]
 
     def done(self, chosen: _Bin | None) -> None:
-        """Put the set-aside bins back, ``chosen`` with its new work."""
-        seed = self.seed
-        for ranks, aside in self.popped.items():
-            heap = self.heaps[ranks]
+        """Put the set-aside entries back, those of ``chosen``'s parent (which took a sample)
+        re-keyed."""
+        if chosen is not None:
+            self.version[chosen.parent] += 1
+        for group, aside in self.popped.items():
             for entry in aside:
-                _, start, j, i = entry
-                b = seed.bins[j][i]
-                if b is chosen:
-                    entry = (b.work / b.ranks, start, j, i)
-                heapq.heappush(heap, entry)
+                _, _, j, i, _ = entry
+                if chosen is not None and j == chosen.parent:
+                    self._push(j, i)
+                else:
+                    heapq.heappush(self.heaps[group], entry)
         self.popped = {}
+
+
+WHOLE = -1
+"""Bin index of a whole parent's entry in ``_LightestBins``."""
+
+_Entry = tuple[float, int, int, int, int]
+"""A heap entry of ``_LightestBins``: load, first rank, parent, bin, parent's version."""
