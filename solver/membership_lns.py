@@ -54,11 +54,14 @@ MAX_MOVES = 6
 """Moves per request at most (``Budget.evals``), times ``SEARCH_SCALE``; fewer when a whole
 list of neighbourhoods fails or the deterministic budget is spent."""
 
-SEARCH_SCALE = {"repack+parent": 6.0, "repack+sizing": 1.0}
+SEARCH_SCALE = {"repack+parent": 4.0, "repack+sizing": 1.0}
 """Both budgets above per mode. ``repack+parent`` (a loader's sizes kept: its only lever is
-membership) gets 6x: measured on an idle 2-core machine, 1x / 4x / 6x / 10x gave -14.65 /
--14.91 / -15.01 / -15.12% on the packed trace's wide steps (+0.35 points on seeds 4242 and 777
-at 6x) for a 64-GPU p99 of 88 / 166 / 172 / 230 ms (target 200 ms). ``repack+sizing`` (the
+membership) gets 4x: measured on an idle 2-core machine, 1x / 4x / 6x / 10x gave -14.65 /
+-14.91 / -15.01 / -15.12% on the packed trace's wide steps for a 64-GPU p99 of 88 / 166 / 172 /
+230 ms (target 200 ms). It was 6x until the node stage's LPT counted full attention
+(2026-12-01): since then 6x -> 4x costs 0.02-0.05 points on the packed traces' wide steps
+(seeds 6499 / 4242 / 777: -17.21 / -15.79 / -10.98% -> -17.16 / -15.77 / -10.96%) and takes
+~20% off the packed 64-GPU CPU per plan (p50 ~170 -> 139 ms). ``repack+sizing`` (the
 service's default mode) stays at 1x: 6x gained 0.1-0.2 points there and doubled the service's
 CPU per plan (in-process p50 26 -> 55 ms, answers/s at 8 loaders 67 -> 27)."""
 
