@@ -351,19 +351,36 @@ def _repack_sizing(
             options.append(make_room(problem, tiled.sizes, moved, clock=budget))
         for option in options:
             found = _faster(problem, SizedMembership(tiled.sizes, option, math.inf), found, budget)
+    tried = [list(sizes), *(t.sizes for t in tiled_best)]
+    best = _sized_or_parent(problem, sizes, members, found, uniform_bound, bound, budget)
     # Repacking can turn a tiling slow unrepacked (wide parents) into the fastest: the full
     # repack+parent pipeline on the most promising one by its repacked bound, pruned by it.
-    tried = [list(sizes), *(t.sizes for t in tiled_best)]
-    wide, tiling = None, None
-    if found is not None and not budget.expired():
-        wide = _wide_tiling(problem, allowed, world, found.evaluation.step_s, budget, tried)
-    if wide is not None:
-        assert found is not None
-        found_s = found.evaluation.step_s
-        tiling = _repack_parent(problem, *wide, budget, found_s)
+    # Last, so that a deadline that fires here still leaves repack+parent's layout.
+    if found is None or budget.expired():
+        return best
+    wide = _wide_tiling(problem, allowed, world, best.evaluation.step_s, budget, tried)
+    if wide is None:
+        return best
+    return _faster_candidate(
+        best, _repack_parent(problem, *wide, budget, best.evaluation.step_s), bound
+    )
+
+
+def _sized_or_parent(
+    problem: Problem,
+    sizes: list[int],
+    members: list[list[int]],
+    found: ChildrenSolution | None,
+    uniform_bound: float,
+    bound: float,
+    budget: Budget,
+) -> _Candidate:
+    """The sized layouts' best ``found`` or mode ``repack+parent``'s layout, whichever is
+    faster; repack+parent is not solved when ``found`` already beats every layout of the
+    upstream sizes."""
     if found is not None and found.evaluation.step_s <= uniform_bound:
         found = polish(problem, found, budget)
-        return _faster_candidate(_Candidate(found.layout, found.evaluation, bound), tiling, bound)
+        return _Candidate(found.layout, found.evaluation, bound)
     # Pruning mode `repack+parent` against the sized incumbent uses the bounds of its own three
     # memberships; the LNS moves samples beyond those, so where it runs, `repack+parent` is
     # solved in full and searched, which keeps repack+sizing never slower than repack+parent.
@@ -375,10 +392,8 @@ def _repack_sizing(
     if best is None or (found is not None and found.evaluation.step_s < best.evaluation.step_s):
         assert found is not None
         found = polish(problem, found, budget)
-        return _faster_candidate(_Candidate(found.layout, found.evaluation, bound), tiling, bound)
-    return _faster_candidate(
-        _Candidate(best.layout, best.evaluation, bound, best.searched), tiling, bound
-    )
+        return _Candidate(found.layout, found.evaluation, bound)
+    return _Candidate(best.layout, best.evaluation, bound, best.searched)
 
 
 def _wide_tiling(
