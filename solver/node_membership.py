@@ -60,13 +60,20 @@ EDIT_WORK = 1
 """Work of one child in an edit: a pass over the bin's children plus the parent's time."""
 
 
-MAX_PAIRS = 100_000
+MAX_PAIRS = 400_000
 """Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child
-swaps cover those requests). 100,000 takes in packed 256-GPU steps of 8-rank parents (~2,900
-samples x 32 bins), where the greedy path alone ended 1.2-10.5% slower than the tests'
-reference heuristic (the limit was 60,000 while the placement scanned every bin per sample;
-``_LightestBins`` made it 45 -> 11 ms there). 512 GPUs (~370,000 pairs) stay above it: with
-the stage there, `repack+sizing` reached its 1 s deadline on this machine."""
+swaps cover those requests). 400,000 takes in packed 512-GPU steps of 8-rank parents (~5,700
+samples x 64 bins), where the greedy path alone ended 1.9% (one sample longer than a node) and
+9.6% (two in one parent) slower than the tests' reference heuristic, now 8.5% and 1.5% faster
+(`repack+parent` ~0.3-0.7 s CPU there). At 100,000 (until 2026-12-01) it took in packed
+256-GPU steps (~2,900 samples x 32 bins; before ``_LightestBins`` the placement scanned every
+bin per sample and the limit was 60,000). A 1,024-GPU step of ``repack bench`` (~6,000 samples
+x 128 bins) stays above it."""
+
+MAX_WHOLE_PAIRS = 100_000
+"""The same limit for the stage with every parent whole (the sizing modes' re-balancing of the
+upstream sizes, ``tilings``): mode ``sizing`` already beats the reference on the packed
+512-GPU steps without it, and ``repack+sizing`` runs it besides two repacked stages."""
 
 
 @dataclass
@@ -464,7 +471,7 @@ def node_seed(
     with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
     seed = NodeSeed(problem, sizes, repack)
     pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
-    if pairs > MAX_PAIRS:
+    if pairs > (MAX_PAIRS if repack else MAX_WHOLE_PAIRS):
         return None
     if clock is not None:  # the request's deterministic work budget
         scale = min(MAX_WORK_SCALE, max(1.0, pairs / WORK_PAIRS))
