@@ -318,7 +318,7 @@ def swap_children(problem: Problem, layout: Layout, budget: Budget) -> Layout:
     no swap helps."""
     swaps = _Swaps(problem, layout)
     scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))
-    limit = budget.evals(SWAP_WORK * scale)
+    limit = budget.move_evals(SWAP_WORK * scale)
     changed = False
     while swaps.tries < limit and not budget.expired():
         if not swaps.step(limit):

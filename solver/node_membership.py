@@ -475,7 +475,7 @@ def node_seed(
         return None
     if clock is not None:  # the request's deterministic work budget
         scale = min(MAX_WORK_SCALE, max(1.0, pairs / WORK_PAIRS))
-        seed.move_work = clock.evals(round(MOVE_WORK * scale))
+        seed.move_work = clock.move_evals(round(MOVE_WORK * scale))
     if not seed.place(fixed):
         return None
     seed.improve(clock)
