@@ -41,7 +41,8 @@ class SolverUnavailable(ServiceError):
 
 
 class SolveElsewhere(ServiceError):
-    """Another replica holds the key's claim and did not finish within this request's budget."""
+    """The key's plan is being made, by another replica (its claim) or by a solve here that
+    ran past the deadline, and was not ready within this request's budget."""
 
 
 class IdempotencyConflict(ServiceError):

@@ -221,12 +221,11 @@ class PlanService:
         try:
             try:
                 solving = self.pool.submit(request, digest, budget.deadline_at, budget.budget_ms)
-            except Saturated as exc:
+                self.metrics.queue.set(self.pool.pending)
+                solved = await solving
+            except Saturated as exc:  # at admission, or no worker took it before its deadline
                 self.metrics.rejected.labels(reason=exc.reason).inc()
                 raise
-            self.metrics.queue.set(self.pool.pending)
-            try:
-                solved = await solving
             finally:
                 self.metrics.queue.set(self.pool.pending)
             if isinstance(solved, Rejected):

@@ -10,6 +10,12 @@ Each worker is bounded: it dies with the service (parent-death watch), it may us
 ``memory_mb`` of address space (``RLIMIT_AS``), a solve running past its hard limit (a multiple
 of its deadline) is killed by the kernel (``SIGALRM``, default action), and a worker is
 replaced after ``max_tasks`` solves so that a slow leak cannot grow without bound.
+
+A request admitted to wait for a worker was admitted on an estimate (the queue length times
+the recent mean solve time) that a burst or a slower step can prove wrong. One that no worker
+has taken by its deadline is refused then, as it would have been at admission, instead of being
+solved late: still in the executor's queue, it is cancelled; already in the call queue (whence
+the executor cannot take it back), the worker refuses it without solving.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +92,22 @@ class Rejected:
 
     field: str
     message: str
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A worker reached a queued request only after its deadline and did not solve it."""
+
+
+@dataclass
+class _TakeBack:
+    """Cancels a queued solve's job if no worker has taken it yet (the executor's queue)."""
+
+    job: Future[Any]
+    taken: bool = False
+
+    def __call__(self) -> None:
+        self.taken = self.job.cancel()
 
 
 def _watch_parent(main_pid: int) -> None:
@@ -148,13 +170,18 @@ def solve(
     margin_ms: float,
     min_budget_ms: float,
     hard_stop_s: float,
-) -> Solved | Rejected:
+    start_by: float | None = None,
+) -> Solved | Rejected | Expired:
     """Runs in a worker process: plan within what is left of the deadline.
 
     ``deadline_at`` is a ``time.monotonic()`` instant; the monotonic clock is system-wide on
-    Linux, so the time the request spent queued counts against its budget.
+    Linux, so the time the request spent queued counts against its budget. A request that
+    waited for a worker (``start_by`` set) and is reached only after ``start_by`` is not
+    solved.
     """
     start = time.monotonic()
+    if start_by is not None and start > start_by:
+        return Expired()
     signal.setitimer(signal.ITIMER_REAL, hard_stop_s)
     try:
         budget_ms = max(min_budget_ms, (deadline_at - start) * 1e3 - margin_ms)
@@ -247,7 +274,8 @@ class SolverPool:
     ) -> asyncio.Future[Solved | Rejected]:
         """Queue a solve, or raise ``Saturated`` when the queue is full or the expected wait
         for a worker would already use up the request's deadline (a fast 429 lets the client
-        fall back at once instead of getting a late plan).
+        fall back at once instead of getting a late plan). The returned future raises the same
+        ``Saturated`` if the request waited and no worker took it by then after all.
 
         Synchronous on purpose: admission and the slot it takes happen without yielding to the
         event loop, so a burst cannot over-admit.
@@ -255,18 +283,15 @@ class SolverPool:
         if self.pending >= self.capacity:
             raise Saturated("the solver queue is full; retry later", self.retry_after())
         wait_s = self.expected_wait_s()
-        if wait_s > 0 and time.monotonic() + wait_s > deadline_at - self.margin_ms / 1e3:
+        start_by = deadline_at - self.margin_ms / 1e3
+        if wait_s > 0 and time.monotonic() + wait_s > start_by:
             # A free worker always takes the request, however small its deadline.
-            raise Saturated(
-                "no solver could start before the deadline; retry later",
-                self.retry_after(),
-                "deadline",
-            )
+            raise _too_late(self.retry_after())
         self.pending += 1
         start = time.perf_counter()
         hard_stop_s = self.hard_stop_s(budget_ms)
-        future = asyncio.get_running_loop().run_in_executor(
-            self._executor,
+        waits = wait_s > 0
+        job = self._executor.submit(
             solve,
             request,
             digest,
@@ -274,9 +299,16 @@ class SolverPool:
             self.margin_ms,
             self.min_budget_ms,
             hard_stop_s,
+            start_by if waits else None,
         )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Solved | Rejected | Expired] = asyncio.wrap_future(job, loop=loop)
+        take_back = _TakeBack(job)
+        if waits:  # still in the executor's queue at its deadline: taken back (429)
+            timer = loop.call_later(start_by - time.monotonic(), take_back)
+            future.add_done_callback(lambda _: timer.cancel())
 
-        def _release(done: asyncio.Future[Solved | Rejected]) -> None:
+        def _release(done: asyncio.Future[Solved | Rejected | Expired]) -> None:
             self.pending -= 1
             if done.cancelled():
                 pass
@@ -289,16 +321,25 @@ class SolverPool:
             self._mean_latency_s = 0.9 * self._mean_latency_s + 0.1 * (time.perf_counter() - start)
 
         future.add_done_callback(_release)
-        return self._translated(future, time.monotonic(), hard_stop_s)
+        return self._translated(future, take_back, time.monotonic(), hard_stop_s)
 
     def _translated(
-        self, future: asyncio.Future[Solved | Rejected], started: float, hard_stop_s: float
+        self,
+        future: asyncio.Future[Solved | Rejected | Expired],
+        take_back: _TakeBack,
+        started: float,
+        hard_stop_s: float,
     ) -> asyncio.Future[Solved | Rejected]:
-        """``future`` with a dead worker and an exhausted memory limit as domain errors."""
+        """``future`` with a dead worker, an exhausted memory limit and a request no worker
+        took before its deadline as domain errors."""
 
         async def wait() -> Solved | Rejected:
             try:
-                return await future
+                result = await future
+            except asyncio.CancelledError:
+                if not take_back.taken or _cancelling():
+                    raise
+                raise _too_late(self.retry_after()) from None  # taken back at its deadline
             except BrokenProcessPool:
                 if time.monotonic() - started >= hard_stop_s * 0.95:
                     raise SolverUnavailable(
@@ -315,6 +356,9 @@ class SolverPool:
                     f"the step needs more than the {self.limits.memory_mb} MB a solver worker "
                     "may use (REPACK_WORKER_MEMORY_MB); send fewer samples or raise the limit",
                 ) from None
+            if isinstance(result, Expired):
+                raise _too_late(self.retry_after())
+            return result
 
         return asyncio.ensure_future(wait())
 
@@ -329,3 +373,15 @@ class SolverPool:
     def close(self) -> None:
         self.healthy = False
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _too_late(retry_after_s: int) -> Saturated:
+    return Saturated(
+        "no solver could start before the deadline; retry later", retry_after_s, "deadline"
+    )
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not just the future it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from api.server import ServerThread
-from tests.api.conftest import ServerFactory, metric_value
+from tests.api.conftest import ServerFactory, metric_value, small_request
 
 LONG_STEP: dict[str, Any] = {
     "cluster": {"nodes": 256},
@@ -152,3 +153,65 @@ def test_a_request_that_cannot_start_in_time_gets_429_at_once(
     assert int(hopeless.headers["retry-after"]) >= 1
     assert patient.status_code == 200
     assert result[0].status_code == 200
+
+
+def test_a_solve_still_queued_at_its_deadline_is_refused_not_answered_in_progress(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    # The worker is busy with a ~0.8 s solve and the executor's call queue holds two more
+    # steps (up to workers + 1 wait there, where they can no longer be taken back). A step with
+    # a 300 ms deadline is then admitted on the assumed 50 ms per solve (an expected wait of
+    # 150 ms), but no worker can reach it before its deadline. Nobody else holds its key: the
+    # answer is 429 at the deadline, not 503 plan-in-progress at deadline + database timeout.
+    server = start_server(sqlite_url, solver_workers=1, db_timeout_ms=100)
+    poster, result = solve_in_background(server, {**LONG_STEP, "job_id": "queue", "step": 0})
+    fillers = [small_request("queue", step, deadline_ms=60_000) for step in (1, 2)]
+    with ThreadPoolExecutor(len(fillers)) as pool:
+        filled = [pool.submit(httpx.post, f"{server.url}/v1/plans", json=b, timeout=120)
+                  for b in fillers]  # fmt: skip
+        for _ in range(2000):
+            if metric_value(exposition(server), "repack_solver_pending") == 3:
+                break
+        late = small_request("queue", 3, deadline_ms=300)
+        start = time.monotonic()
+        refused = httpx.post(f"{server.url}/v1/plans", json=late, timeout=120)
+        elapsed = time.monotonic() - start
+        still_solving = poster.is_alive()
+        answers = [f.result() for f in filled]
+    poster.join()
+    assert still_solving, "the long solve should still have held the worker"
+    assert refused.status_code == 429, refused.text[:300]
+    assert refused.json()["type"].endswith("saturated")
+    assert "before the deadline" in refused.json()["detail"]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert elapsed < 0.3 + 0.5  # by its deadline (slack for this machine), not after the solve
+    assert result[0].status_code == 200
+    assert [a.status_code for a in answers] == [200, 200]
+    assert metric_value(exposition(server), "repack_rejected_total", reason="deadline") == 1
+    # Its claim was given back: the retry solves the key here.
+    retry = httpx.post(f"{server.url}/v1/plans", json={**late, "deadline_ms": 60_000}, timeout=60)
+    assert retry.status_code == 200
+    assert retry.headers["x-repack-plan-source"] == "solved"
+
+
+def test_a_queued_solve_a_worker_reaches_after_its_deadline_is_refused_unsolved(
+    sqlite_url: str, start_server: ServerFactory
+) -> None:
+    # Behind the ~0.8 s solve the step waits in the call queue, where it cannot be taken back;
+    # the worker that reaches it after its 300 ms deadline refuses it without solving (429, not
+    # a late plan), well within deadline + database timeout (2 s here).
+    server = start_server(sqlite_url, solver_workers=1, db_timeout_ms=2000)
+    poster, result = solve_in_background(server, {**LONG_STEP, "job_id": "late", "step": 0})
+    start = time.monotonic()
+    refused = httpx.post(
+        f"{server.url}/v1/plans", json=small_request("late", 1, deadline_ms=300), timeout=120
+    )
+    elapsed = time.monotonic() - start
+    poster.join()
+    assert refused.status_code == 429, refused.text[:300]
+    assert "before the deadline" in refused.json()["detail"]
+    assert elapsed > 0.3  # answered when the worker got to it, past its deadline
+    assert result[0].status_code == 200
+    text = exposition(server)
+    assert metric_value(text, "repack_rejected_total", reason="deadline") == 1
+    assert metric_value(text, "repack_plans_total") == 1  # the long step only
