@@ -1,7 +1,7 @@
 """The shared-slack bound of mode ``sizing`` (``slack_bound``) never exceeds an optimum, and it
 tightens packed steps with several long samples.
 
-Tiny instances (2 nodes of 8 ranks, 4-6 samples at 30-99.9% of memory) are solved exactly: every
+Tiny instances (2 nodes of 8 ranks, 3-6 samples at 30-99.9% of memory) are solved exactly: every
 aligned tiling of a set of seven, every membership that fits memory, every parent unrepacked
 (the layouts mode ``sizing`` may choose; the bound covers every tiling of the menu, a superset).
 """
