@@ -10,7 +10,9 @@ Every bound here is a relaxation of the cost model, never an estimate:
 * ``memory``: the other parents hold at most their ranks' memory, so the longest sample's parent
   also holds whatever they cannot, at best the shortest samples (a fractional filler);
 * ``node memory`` (``node_memory_bound``, reported only): the same one level down, the node of
-  that parent holding the longest sample holds what the parent's other nodes cannot.
+  that parent holding the longest sample holds what the parent's other nodes cannot;
+* ``slack`` (``slack_bound``, reported only, mode ``sizing``): the parents of the few longest
+  samples share the cluster's free memory, so all of them must be near full.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from solver.cost_model import (
 from solver.membership import single_sample_bound
 from solver.node_memory_bound import node_memory_free_bound, node_memory_parent_bound
 from solver.problem import Problem
+from solver.slack_bound import slack_bound
 from solver.split_bound import split_bound
 
 
@@ -242,7 +245,8 @@ def reported_bound(
     the node-level memory bounds (``node_memory_bound``), which the search does not use (its
     decisions, and so the plans, stay as they were). ``repack``: the upstream membership
     ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``; the sizing
-    modes: any tiling from ``allowed`` (and the upstream ``sizes``). 0 for ``baseline``."""
+    modes: any tiling from ``allowed`` (and the upstream ``sizes``), with the shared-slack bound
+    (``slack_bound``) for ``sizing``, whose parents are all unrepacked. 0 for ``baseline``."""
     menu = sorted(set(allowed) | set(sizes))
     if mode == "repack":
         return max(
@@ -254,10 +258,15 @@ def reported_bound(
             node_memory_free_bound(problem, sizes, repack=True),
             split_bound(problem, sizes, repack=True, tiling=True),
         )
-    if mode in ("sizing", "repack+sizing"):
-        repack = mode == "repack+sizing"
+    if mode == "sizing":
         return max(
-            node_memory_free_bound(problem, menu, repack=repack),
-            split_bound(problem, menu, repack=repack, tiling=False),
+            node_memory_free_bound(problem, menu, repack=False),
+            split_bound(problem, menu, repack=False, tiling=False),
+            slack_bound(problem, menu),
+        )
+    if mode == "repack+sizing":
+        return max(
+            node_memory_free_bound(problem, menu, repack=True),
+            split_bound(problem, menu, repack=True, tiling=False),
         )
     return 0.0
