@@ -153,9 +153,14 @@ class Database:
         return await self.call(self.store.get_row, plan_id)
 
     async def claim(
-        self, key: PlanKey, owner: str, expires_at: datetime, until: float
+        self,
+        key: PlanKey,
+        owner: str,
+        expires_at: datetime,
+        orphaned: Callable[[str], bool],
+        until: float,
     ) -> StoredPlan | bool:
-        return await self.call(self.store.claim, key, owner, expires_at, until=until)
+        return await self.call(self.store.claim, key, owner, expires_at, orphaned, until=until)
 
     async def release(self, key: PlanKey, owner: str) -> None:
         await self.call(self.store.release, key, owner)

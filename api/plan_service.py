@@ -11,6 +11,11 @@ Single flight holds on two levels: within a process, requests for a key join one
 replicas, the task first claims the key in the database (``plan_claims``), and a replica that
 finds it claimed waits for the plan to appear instead of solving it again.
 
+Each claiming task owns its claim as ``{process}.{n}``. A claim of this process that no running
+task holds is orphaned (its request gave up: the insert landed after the call's timeout, or the
+release failed during an outage) and the next task for the key takes it over instead of waiting
+it out; claims of other processes are respected until they expire.
+
 Every answer comes within the request's budget plus one database timeout: each database call
 is bounded by what is left of that (``api/database.py``). This module raises domain errors
 (``api/errors.py``); ``api/problems.py`` maps them to HTTP.
@@ -20,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from cachetools import LRUCache
@@ -87,10 +93,18 @@ class PlanService:
         )
         self.default_deadline_ms = default_deadline_ms
         self.work = work
-        self.owner = uuid.uuid4().hex
-        """This process's name on the claims it takes."""
+        self.process = uuid.uuid4().hex
+        """This process's name; its claims are owned by ``{process}.{n}``."""
+        self._claim_numbers = itertools.count()
+        self._live_claims: set[str] = set()
+        """Owners of the claims that running tasks hold or are writing."""
         self._inflight: dict[PlanKey, asyncio.Task[tuple[StoredPlan, Source]]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+
+    def _orphaned(self, owner: str) -> bool:
+        """Whether a claim's owner is this process with no running task behind it (read on a
+        database thread: membership tests only)."""
+        return owner.startswith(f"{self.process}.") and owner not in self._live_claims
 
     def _cached(self, key: PlanKey) -> StoredPlan | None:
         return None if self.cache is None else self.cache.get(key)
@@ -195,15 +209,32 @@ class PlanService:
         expires_at = utcnow() + timedelta(
             seconds=self.pool.hard_stop_s(budget.budget_ms) + 2 * self.db.timeout_s
         )
+        owner = f"{self.process}.{next(self._claim_numbers)}"
+        self._live_claims.add(owner)
+        try:
+            return await self._claim_and_solve(request, key, digest, budget, owner, expires_at)
+        finally:  # from here a claim of ``owner`` left in the database is orphaned
+            self._live_claims.discard(owner)
+
+    async def _claim_and_solve(
+        self,
+        request: PlanRequest,
+        key: PlanKey,
+        digest: str,
+        budget: _Budget,
+        owner: str,
+        expires_at: datetime,
+    ) -> tuple[StoredPlan, Source]:
+        """Claim the key as ``owner`` and solve it, or poll while another live claim holds it."""
         delay = POLL_FIRST_S
         while True:
-            claimed = await self.db.claim(key, self.owner, expires_at, budget.answer_by)
+            claimed = await self.db.claim(key, owner, expires_at, self._orphaned, budget.answer_by)
             if isinstance(claimed, StoredPlan):
                 self.metrics.cache_hits.labels(source="database").inc()
                 self._remember(key, claimed)
                 return claimed, "database"
             if claimed:
-                return await self._solve(request, key, digest, budget), "solved"
+                return await self._solve(request, key, digest, budget, owner), "solved"
             if time.monotonic() + delay > budget.deadline_at:
                 raise SolveElsewhere(
                     "another replica is solving this key and did not finish within the "
@@ -214,7 +245,7 @@ class PlanService:
             delay = min(2 * delay, POLL_MAX_S)
 
     async def _solve(
-        self, request: PlanRequest, key: PlanKey, digest: str, budget: _Budget
+        self, request: PlanRequest, key: PlanKey, digest: str, budget: _Budget, owner: str
     ) -> StoredPlan:
         """Solve in a worker and store the plan (dropping our claim); on any failure the
         claim is given back so that a retry, here or on another replica, may solve it."""
@@ -234,9 +265,9 @@ class PlanService:
             body = row.body.encode()
             # Not bounded by the request's budget (its answer is, in ``_shared``): a plan
             # that came late is still stored, so that the retry replays it.
-            stored = await self.db.insert(row, self.owner)
+            stored = await self.db.insert(row, owner)
         except BaseException:
-            self._in_background(self.db.release(key, self.owner))
+            self._in_background(self.db.release(key, owner))
             raise
         self._remember(key, stored)
         if stored.body == body:  # count plans this instance made, not lost races
@@ -246,8 +277,8 @@ class PlanService:
         return stored
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Best-effort clean-up that no request waits for (a failed release only delays a
-        retry until the claim expires)."""
+        """Best-effort clean-up that no request waits for (a failed release leaves an
+        orphaned claim: a retry here takes it over, other replicas wait until it expires)."""
 
         async def quietly() -> None:
             with contextlib.suppress(Exception):  # already logged by the database guard

@@ -12,7 +12,7 @@ Keys live in two namespaces (``kind``): ``named`` plans are keyed by ``(job_id, 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +34,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    update,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
@@ -243,9 +244,19 @@ class PlanStore:
         with self._sessions() as session:
             return session.scalars(stmt.limit(1)).first()
 
-    def claim(self, key: PlanKey, owner: str, expires_at: datetime) -> StoredPlan | bool:
+    def claim(
+        self,
+        key: PlanKey,
+        owner: str,
+        expires_at: datetime,
+        orphaned: Callable[[str], bool] = lambda _owner: False,
+    ) -> StoredPlan | bool:
         """Claim ``key`` for solving: the stored plan if there is one, True if the claim is
         ours now, False if another live claim holds it.
+
+        A live claim whose owner ``orphaned`` accepts is taken over: the caller knows that no
+        request holds it (its own process wrote it for a request that already gave up).
+        ``orphaned`` runs on the calling thread.
 
         The plan is looked for after the claim is written, not before: its writer deletes its
         claim in the transaction that stores the plan, so a claim that succeeds because the
@@ -263,13 +274,31 @@ class PlanStore:
                 session.add(ClaimRow(kind=key.kind, plan_id=key.plan_id, owner=owner,
                                      expires_at=expires_at))  # fmt: skip
         except IntegrityError:
-            stored = self.get_key(key)
-            return False if stored is None else stored
+            if not self._take_over(key, owner, expires_at, orphaned):
+                stored = self.get_key(key)
+                return False if stored is None else stored
         stored = self.get_key(key)
         if stored is not None:
             self.release(key, owner)
             return stored
         return True
+
+    def _take_over(
+        self, key: PlanKey, owner: str, expires_at: datetime, orphaned: Callable[[str], bool]
+    ) -> bool:
+        """Make the key's claim ours if its owner is orphaned (compare and set on the owner,
+        so that a claim replaced or deleted meanwhile is left alone)."""
+        where = (ClaimRow.kind == key.kind, ClaimRow.plan_id == key.plan_id)
+        with self._sessions.begin() as session:
+            held = session.scalar(select(ClaimRow.owner).where(*where))
+            if held is None or not orphaned(held):
+                return False
+            result = session.execute(
+                update(ClaimRow)
+                .where(*where, ClaimRow.owner == held)
+                .values(owner=owner, expires_at=expires_at)
+            )
+        return int(result.rowcount or 0) == 1  # type: ignore[attr-defined]
 
     def release(self, key: PlanKey, owner: str) -> None:
         """Give up our claim (the solve failed); another request may claim the key now."""

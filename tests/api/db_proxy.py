@@ -4,7 +4,9 @@ running service's database connections without touching the server.
 Modes: ``pass`` forwards; ``refuse`` resets every connection, open or new (a database that is
 down); ``stall`` holds all bytes in both directions (a host that hangs); ``reset`` forwards a
 query to the server and resets the client's connection when the answer comes back (a
-connection lost mid-query, after the server may have committed).
+connection lost mid-query, after the server may have committed). ``fault_on`` switches to a
+mode when a given statement is sent, so that one chosen call meets the fault (the statement is
+held or dropped with everything after it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class DbProxy:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.mode: Mode = "pass"
+        self._trigger: tuple[bytes, Mode, threading.Event] | None = None
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -57,6 +60,13 @@ class DbProxy:
                     _reset(upstream)
 
         self._loop.call_soon_threadsafe(apply)
+
+    def fault_on(self, statement: bytes, mode: Mode) -> threading.Event:
+        """Switch to ``mode`` as the next client bytes holding ``statement`` arrive (once);
+        the event is set when that happens."""
+        fired = threading.Event()
+        self._trigger = (statement, mode, fired)
+        return fired
 
     def stop(self) -> None:
         async def close() -> None:
@@ -98,6 +108,12 @@ class DbProxy:
     ) -> None:
         try:
             while data := await src.read(CHUNK):
+                trigger = self._trigger
+                if upstream and trigger is not None and trigger[0] in data:
+                    self.mode, self._trigger = trigger[1], None
+                    if trigger[1] == "refuse":
+                        self.set_mode("refuse")  # also reset the connections already open
+                    trigger[2].set()
                 while self.mode == "stall":
                     await asyncio.sleep(0.01)
                 if self.mode == "refuse" or (self.mode == "reset" and not upstream):

@@ -192,3 +192,70 @@ def test_connection_reset_mid_query(server: ServerThread, proxy: DbProxy, pg_url
         assert again.content == retry.content
     stored = stored_rows(pg_url)
     assert stored == {"reset-0": first.text, "reset-1": retry.text}
+
+
+GHOST_DEADLINE_MS = 1000
+"""The default budget: its claim lasts 5 s (hard stop) + 2 database timeouts = 6 s, far longer
+than the retry takes, so the retry meets the claim the failed request left."""
+
+
+def claims(pg_url: str) -> list[tuple[str, str]]:
+    """(kind, plan_id) of every claim row, read directly (not through the proxy)."""
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT kind, plan_id FROM plan_claims")).all()
+    engine.dispose()
+    return [(r[0], r[1]) for r in rows]
+
+
+def wait_for_claim(pg_url: str, plan_id: str) -> None:
+    deadline = time.monotonic() + 5
+    while ("named", plan_id) not in claims(pg_url):
+        assert time.monotonic() < deadline, "the claim row never appeared"
+        time.sleep(0.02)
+
+
+def test_a_claim_written_after_its_timeout_does_not_block_the_retry(
+    server: ServerThread, proxy: DbProxy, pg_url: str
+) -> None:
+    """The claim's insert is held past the database timeout (503), then reaches the server and
+    commits: a claim no request holds. The retry must solve the key, not wait it out."""
+    request = small_request("late", 0, deadline_ms=GHOST_DEADLINE_MS)
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        fired = proxy.fault_on(b"INSERT INTO plan_claims", "stall")
+        response, elapsed = timed(c.post, "/v1/plans", json=request)
+        assert fired.is_set()
+        assert_unavailable(response, elapsed)
+        assert response.json()["type"].endswith(":database-unavailable")
+        proxy.set_mode("pass")
+        wait_for_claim(pg_url, "late-0")  # the held insert commits after its caller gave up
+        retry = c.post("/v1/plans", json=request)
+        assert retry.status_code == 200, retry.text
+        assert retry.headers["x-repack-plan-source"] == "solved"
+        assert c.post("/v1/plans", json=request).content == retry.content
+    assert stored_rows(pg_url) == {"late-0": retry.text}
+    assert claims(pg_url) == []
+
+
+def test_a_claim_whose_release_failed_does_not_block_the_retry(
+    server: ServerThread, proxy: DbProxy, pg_url: str
+) -> None:
+    """The database goes down as the solved plan is stored: the insert fails (503) and so does
+    the claim's release. Once it is back, the retry must solve the key, not wait it out."""
+    request = small_request("lost", 0, deadline_ms=GHOST_DEADLINE_MS)
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        fired = proxy.fault_on(b"INSERT INTO plans", "refuse")
+        response, elapsed = timed(c.post, "/v1/plans", json=request)
+        assert fired.is_set()
+        assert_unavailable(response, elapsed)
+        assert response.json()["type"].endswith(":database-unavailable")
+        time.sleep(0.2)  # the claim's release, in the background, fails against the outage
+        assert claims(pg_url) == [("named", "lost-0")]
+        assert stored_rows(pg_url) == {}
+        proxy.set_mode("pass")
+        retry = c.post("/v1/plans", json=request)
+        assert retry.status_code == 200, retry.text
+        assert retry.headers["x-repack-plan-source"] == "solved"
+        assert c.post("/v1/plans", json=request).content == retry.content
+    assert stored_rows(pg_url) == {"lost-0": retry.text}
+    assert claims(pg_url) == []

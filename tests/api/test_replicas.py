@@ -20,7 +20,7 @@ from sqlalchemy import event
 
 from api.server import free_port
 from api.storage import PlanKey, PlanRow, PlanStore, utcnow
-from tests.api.conftest import _postgres_schema, metric_value
+from tests.api.conftest import ServerFactory, _postgres_schema, metric_value, small_request
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -138,6 +138,30 @@ def test_a_plan_stored_while_we_claim_is_found(pg_url: str) -> None:
     assert b.claim(key, "c", expires) == claimed  # and B left no claim behind
     a.close()
     b.close()
+
+
+def test_a_live_claim_of_another_replica_is_waited_for(
+    pg_url: str, start_server: ServerFactory
+) -> None:
+    """A claim is taken over only by the process that wrote it (when none of its requests holds
+    it): one held by another replica still makes this one wait for its plan."""
+    server = start_server(pg_url, solver_workers=1)
+    other = PlanStore(pg_url)
+    key = PlanKey("named", "held-0")
+    assert other.claim(key, "elsewhere.0", utcnow() + timedelta(seconds=30)) is True
+    request = small_request("held", 0, deadline_ms=300)
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        waited = c.post("/v1/plans", json=request)
+        assert waited.status_code == 503, waited.text
+        assert waited.json()["type"].endswith(":plan-in-progress")
+        assert other.get_key(key) is None
+        assert metric_value(c.get("/metrics").text, "repack_plans_total") == 0
+        assert other.claim(key, "elsewhere.1", utcnow() + timedelta(seconds=30)) is False
+        other.release(key, "elsewhere.0")  # that replica gives up: this one may solve now
+        solved = c.post("/v1/plans", json=request)
+        assert solved.status_code == 200, solved.text
+        assert solved.headers["x-repack-plan-source"] == "solved"
+    other.close()
 
 
 def stored_plan_row(plan_id: str) -> PlanRow:

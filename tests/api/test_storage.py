@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+from sqlalchemy import text
 
-from api.storage import PlanRow, PlanStore, utcnow
+from api.storage import PlanKey, PlanRow, PlanStore, utcnow
 
 
 @pytest.fixture
@@ -64,3 +66,31 @@ def test_list_steps_pages_by_step(store: PlanStore) -> None:
 
 def test_ping(store: PlanStore) -> None:
     store.ping()
+
+
+def claim_owners(store: PlanStore) -> list[str]:
+    with store.engine.connect() as conn:
+        return [r[0] for r in conn.execute(text("SELECT owner FROM plan_claims"))]
+
+
+def test_only_an_orphaned_claim_is_taken_over(store: PlanStore) -> None:
+    key = PlanKey("named", "j-1")
+    later = utcnow() + timedelta(seconds=30)
+    assert store.claim(key, "p.0", later) is True
+    assert store.claim(key, "q.0", later, lambda owner: owner == "p.9") is False
+    assert store.claim(key, "p.1", later, lambda owner: owner == "p.0") is True
+    assert claim_owners(store) == ["p.1"]
+    store.release(key, "p.0")  # the orphan's late release leaves the new claim alone
+    assert claim_owners(store) == ["p.1"]
+    assert store.claim(key, "q.0", later) is False
+    store.release(key, "p.1")
+    assert store.claim(key, "q.0", later) is True
+
+
+def test_taking_over_a_claim_whose_plan_exists_answers_the_plan(store: PlanStore) -> None:
+    key = PlanKey("named", "j-2")
+    assert store.claim(key, "p.0", utcnow() + timedelta(seconds=30)) is True
+    stored = store.insert(row("j", 2))  # stored without dropping the claim
+    claimed = store.claim(key, "p.1", utcnow() + timedelta(seconds=30), lambda o: o == "p.0")
+    assert claimed == stored
+    assert claim_owners(store) == []
