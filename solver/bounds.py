@@ -234,6 +234,16 @@ def pigeonhole_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> fl
     return best
 
 
+def sizes_bound(problem: Problem, sizes: Sequence[int]) -> float:
+    """True for every layout of the parents ``sizes``, any membership, repacked or not (mode
+    ``repack+parent``'s model): the node-level memory and split bounds. ``repack+sizing`` prunes
+    its ``repack+parent`` candidate with it."""
+    return max(
+        node_memory_free_bound(problem, sizes, repack=True),
+        split_bound(problem, sizes, repack=True, tiling=True),
+    )
+
+
 def reported_bound(
     problem: Problem,
     mode: str,
@@ -254,10 +264,7 @@ def reported_bound(
             for size, group in zip(sizes, members, strict=True)
         )
     if mode == "repack+parent":
-        return max(
-            node_memory_free_bound(problem, sizes, repack=True),
-            split_bound(problem, sizes, repack=True, tiling=True),
-        )
+        return sizes_bound(problem, sizes)
     if mode == "sizing":
         return max(
             node_memory_free_bound(problem, menu, repack=False),

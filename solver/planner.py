@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from solver.bounds import membership_free_bound, reported_bound
+from solver.bounds import membership_free_bound, reported_bound, sizes_bound
 from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
 from solver.child_swaps import swap_children
 from solver.children import (
@@ -328,7 +328,11 @@ def _repack_sizing(
             found = _faster(problem, sized, found, budget)
     # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that,
     # unless no layout of the upstream sizes can beat what the sized ones found.
-    uniform_bound = membership_free_bound(problem, sizes, repack=True)
+    # Any layout of the upstream sizes (re-balanced, or repack+parent's whole pipeline): the
+    # node-level memory and split bounds prune it where the sized layouts already beat it.
+    uniform_bound = max(
+        membership_free_bound(problem, sizes, repack=True), sizes_bound(problem, sizes)
+    )
     if not budget.expired() and (
         found is None or not _beyond(uniform_bound, found.evaluation.step_s)
     ):
