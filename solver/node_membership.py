@@ -62,13 +62,25 @@ EDIT_WORK = 1
 
 MAX_PAIRS = 400_000
 """Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child
-swaps cover those requests). 400,000 takes in packed 512-GPU steps of 8-rank parents (~5,700
-samples x 64 bins), where the greedy path alone ended 1.9% (one sample longer than a node) and
-9.6% (two in one parent) slower than the tests' reference heuristic, now 8.5% and 1.5% faster
-(`repack+parent` ~0.3-0.7 s CPU there). At 100,000 (until 2026-12-01) it took in packed
-256-GPU steps (~2,900 samples x 32 bins; before ``_LightestBins`` the placement scanned every
-bin per sample and the limit was 60,000). A 1,024-GPU step of ``repack bench`` (~6,000 samples
-x 128 bins) stays above it."""
+swaps cover those requests) unless the step is memory-tight (``TIGHT_FILL``). 400,000 takes in
+packed 512-GPU steps of 8-rank parents (~5,700 samples x 64 bins), where the greedy path alone
+ended 1.9% (one sample longer than a node) and 9.6% (two in one parent) slower than the tests'
+reference heuristic, now 8.5% and 1.5% faster (`repack+parent` ~0.3-0.7 s CPU there). At
+100,000 (until 2026-12-01) it took in packed 256-GPU steps (~2,900 samples x 32 bins; before
+``_LightestBins`` the placement scanned every bin per sample and the limit was 60,000)."""
+
+TIGHT_FILL = 0.9
+"""A step holding at least this share of the cluster's token memory (a packing loader's) runs
+the stage up to ``MAX_TIGHT_PAIRS``: there the greedy child packer runs out of memory and the
+node stage is what repacks at all."""
+
+MAX_TIGHT_PAIRS = 2_000_000
+"""The limit for memory-tight steps: 1,024 GPUs. A packed 1,024-GPU step (~11,300 samples x 128
+bins of 8-rank parents) ended 22% above its lower bound without the stage (5,316 ms, where
+mode ``sizing`` found 4,257 ms), 0.2% with it (4,164 ms; +0.3-0.6 s CPU). ``repack bench``'s
+1,024-GPU steps (60% fill, ~6,000 samples x 128 bins) stay below ``TIGHT_FILL``: the stage
+made `repack+parent` 5-11% faster on them, but `repack+sizing`, which must run it wherever
+`repack+parent` could win, then took up to 1.1 s per step, and 2 of 20 hit the 1 s deadline."""
 
 MAX_WHOLE_PAIRS = 100_000
 """The same limit for the stage with every parent whole (the sizing modes' re-balancing of the
@@ -459,6 +471,13 @@ class NodeSeed:
         return [sorted(s for b in bins for s in b.samples) for bins in self.bins]
 
 
+def _max_pairs(problem: Problem, repack: bool) -> int:
+    if not repack:
+        return MAX_WHOLE_PAIRS
+    fill = sum(problem.tokens) / problem.capacity(problem.cost.world_size)
+    return MAX_TIGHT_PAIRS if fill >= TIGHT_FILL else MAX_PAIRS
+
+
 def node_seed(
     problem: Problem,
     sizes: Sequence[int],
@@ -471,7 +490,7 @@ def node_seed(
     with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
     seed = NodeSeed(problem, sizes, repack)
     pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
-    if pairs > (MAX_PAIRS if repack else MAX_WHOLE_PAIRS):
+    if pairs > _max_pairs(problem, repack):
         return None
     if clock is not None:  # the request's deterministic work budget
         scale = min(MAX_WORK_SCALE, max(1.0, pairs / WORK_PAIRS))
