@@ -202,7 +202,30 @@ class CostModel:
     def layer_fixed_seconds(self, group: int) -> float:
         """Fixed time of one layer in a group of ``group`` ranks: its all-to-all calls' latency
         and the per-layer compute overhead (both 0 by default)."""
+        table = self._tables[0]
+        return table[group] if group in table else self._fixed_formula(group)
+
+    def _fixed_formula(self, group: int) -> float:
         return self.collective_seconds(group) + self.layer_overhead_s
+
+    def token_seconds(self, group: int) -> float:
+        """Per token owned by a group's busiest rank, one layer: linear work plus all-to-all."""
+        table = self._tables[1]
+        return table[group] if group in table else self._token_formula(group)
+
+    def _token_formula(self, group: int) -> float:
+        return self.linear_seconds_per_token + self.a2a_seconds_per_token(group)
+
+    @functools.cached_property
+    def _tables(self) -> tuple[dict[int, float], dict[int, float]]:
+        """``layer_fixed_seconds`` and ``token_seconds`` memoised per power-of-two group: the
+        node stage and the child packer ask for them millions of times per request (the same
+        float operations, so the same bits)."""
+        sizes = [1 << i for i in range(self.world_size.bit_length())]
+        return (
+            {k: self._fixed_formula(k) for k in sizes},
+            {k: self._token_formula(k) for k in sizes},
+        )
 
     @functools.cached_property
     def linear_seconds_per_token(self) -> float:
@@ -245,15 +268,14 @@ class SampleCosts:
 def full_layer_seconds(cost: CostModel, size: int, full_s: float, max_tokens: int) -> float:
     """One full layer of a parent: attention spread over P, the busiest rank's linear work and
     its to_full + to_child all-to-all."""
-    per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
-    return full_s / size + max_tokens * per_token + cost.layer_fixed_seconds(size)
+    return full_s / size + max_tokens * cost.token_seconds(size) + cost.layer_fixed_seconds(size)
 
 
 def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int) -> float:
     """One sparse layer of a child of ``size`` ranks holding ``tokens`` tokens."""
     if tokens == 0:
         return 0.0
-    per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(size)
+    per_token = cost.token_seconds(size)
     return sparse_s / size + ceil_div(tokens, size) * per_token + cost.layer_fixed_seconds(size)
 
 

@@ -34,6 +34,7 @@ from solver.cost_model import (
 from solver.layout import Child, Parent, parent_starts, unrepacked
 from solver.node_packing import children_of_segment
 from solver.problem import Problem
+from solver.receiver_floors import ReceiverTerms
 
 MOVE_WORK = 12_000
 """Deterministic work limit of the move phase for a request of up to ``WORK_PAIRS`` (sample x
@@ -60,9 +61,14 @@ EDIT_WORK = 1
 """Work of one child in an edit: a pass over the bin's children plus the parent's time."""
 
 
-MAX_PAIRS = 400_000
+MAX_PAIRS = 1_000_000
 """Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child
-swaps cover those requests) unless the step is memory-tight (``TIGHT_FILL``). 400,000 takes in
+swaps cover those requests) unless the step is memory-tight (``TIGHT_FILL``). 1,000,000 takes
+in ``repack bench``'s 1,024-GPU steps (60% fill, ~6,000 samples x 128 bins): without the stage
+`repack+parent` ended a median 14% above its bound there, with it 0.0% (mean step time -13.8%
+over 10 steps), and `repack+sizing`, which must run it to stay ahead of `repack+parent`, 0.2%
+faster (two steps where `repack+parent` had won); CPU +110% / +30% at the median, after the
+vectorised receiver floors (``receiver_floors``). 400,000 (until 2026-12-02) took in
 packed 512-GPU steps of 8-rank parents (~5,700 samples x 64 bins), where the greedy path alone
 ended 1.9% (one sample longer than a node) and 9.6% (two in one parent) slower than the tests'
 reference heuristic, now 8.5% and 1.5% faster (`repack+parent` ~0.3-0.7 s CPU there). At
@@ -77,15 +83,17 @@ node stage is what repacks at all."""
 MAX_TIGHT_PAIRS = 2_000_000
 """The limit for memory-tight steps: 1,024 GPUs. A packed 1,024-GPU step (~11,300 samples x 128
 bins of 8-rank parents) ended 22% above its lower bound without the stage (5,316 ms, where
-mode ``sizing`` found 4,257 ms), 0.2% with it (4,164 ms; +0.3-0.6 s CPU). ``repack bench``'s
-1,024-GPU steps (60% fill, ~6,000 samples x 128 bins) stay below ``TIGHT_FILL``: the stage
-made `repack+parent` 5-11% faster on them, but `repack+sizing`, which must run it wherever
-`repack+parent` could win, then took up to 1.1 s per step, and 2 of 20 hit the 1 s deadline."""
+mode ``sizing`` found 4,257 ms), 0.2% with it (4,164 ms; +0.3-0.6 s CPU)."""
 
 MAX_WHOLE_PAIRS = 100_000
 """The same limit for the stage with every parent whole (the sizing modes' re-balancing of the
 upstream sizes, ``tilings``): mode ``sizing`` already beats the reference on the packed
 512-GPU steps without it, and ``repack+sizing`` runs it besides two repacked stages."""
+
+PREFILTER_RECEIVERS = 32
+"""From this many receiving bins a move rules receivers out with ``receiver_floors`` (one
+numpy pass per sample) before the exact floors: below it numpy's per-call cost is more than
+the floors it saves (a packed 64-GPU step has 8-16 receivers)."""
 
 
 @dataclass
@@ -374,27 +382,72 @@ class NodeSeed:
             ),
             key=lambda b: (self._load(b), b.start),
         )
+        terms = self._receiver_terms(receivers) if len(receivers) >= PREFILTER_RECEIVERS else None
+        ruled_out = [False] * len(receivers)
         for src in sources:
             for s in sorted(src.samples, key=p.heavy_rank.__getitem__):
                 if self.work >= self.move_work:
                     return False
-                if self._move_sample(c, src, s, target, receivers):
+                if terms is not None:
+                    sample = (p.full_s[s], p.tokens[s], p.sparse_s[s], p.work_s[s])
+                    ruled_out = terms.clearly_above(p.cost, target, sample)
+                if self._move_sample(c, src, s, target, receivers, ruled_out):
                     return True
         return False
 
-    def _move_sample(self, c: int, src: _Bin, s: int, target: float, receivers: list[_Bin]) -> bool:
+    def _receiver_terms(self, receivers: list[_Bin]) -> ReceiverTerms:
+        """What ``_time_floor`` reads of each receiver's parent, for ``receiver_floors``."""
+        rows = []
+        for dst in receivers:
+            q, bins = dst.parent, self.bins[dst.parent]
+            z, m, whole_only = 0.0, 0, self.whole[q] or self.sizes[q] == 1
+            for b in bins:
+                if b is not dst and b.fresh:
+                    if b.packed is None:
+                        whole_only = True
+                    else:
+                        z, m = max(z, b.packed[1]), max(m, b.packed[2])
+            rows.append(
+                (
+                    self.sizes[q],
+                    dst.ranks,
+                    sum(b.full_s for b in bins),
+                    sum(b.tokens for b in bins),
+                    sum(b.sparse_s for b in bins),
+                    dst.work,
+                    dst.tokens,
+                    z,
+                    m,
+                    whole_only,
+                )
+            )
+        return ReceiverTerms.build(self.p.cost, rows)
+
+    def _move_sample(
+        self,
+        c: int,
+        src: _Bin,
+        s: int,
+        target: float,
+        receivers: list[_Bin],
+        ruled_out: list[bool],
+    ) -> bool:
         """Move ``s`` out of ``src`` into the first receiver that keeps both parents under
         ``target``. Tries edit the bins' children (``_edited``: ``s`` out of its child, into
         the receiver's fastest child with room) rather than re-pack them; a receiver with no
         child that has room is re-packed. The critical parent without ``s`` is evaluated
         once, when a receiver of another parent takes it, and ``s`` is skipped outright when
-        that alone does not bring the critical parent under ``target``."""
+        that alone does not bring the critical parent under ``target``. ``ruled_out``: per
+        receiver, its parent's floor with ``s`` is already known to be above ``target``
+        (``receiver_floors``), the same answer as ``_floor_with`` at a fraction of its cost."""
         t_without: float | None = None
-        for dst in receivers:
+        for dst, out in zip(receivers, ruled_out, strict=True):
             q = dst.parent
             if dst is src or self.work >= self.move_work:
                 continue
             self.work += 1  # a receiver looked at
+            if out and q != c:
+                continue
             if q != c and (
                 self._parent_tokens(q) + self.p.tokens[s] > self.p.capacity(self.sizes[q])
             ):
