@@ -75,9 +75,14 @@ MAX_PAIRS = 1_600
 """Largest neighbourhood, in sample-to-bin booleans: building a bigger model in Python costs
 more latency than the move can win."""
 
-MAX_SAMPLES = 1_500
-MAX_WORLD = 128
-"""Requests above either size keep the greedy pipeline's layout."""
+MAX_SAMPLES = 3_000
+MAX_WORLD = 256
+"""Requests above either size keep the greedy pipeline's layout. 256 GPUs since 2026-12-02
+(was 128 GPUs / 1,500 samples): on 5 packed 256-GPU wide steps (the loader of
+``scenarios/gpu64-packed.yaml`` on 32 nodes, seed 12) `repack+parent` -0.35% mean step time
+(one step -1.35%), `repack+sizing` -0.61% (median gap 5.18% -> 3.91%); on 6 bench steps
+(256:1500) -0.22% / -0.05%; CPU +16-30% at the median. At 1,024 GPUs it is not worth its
+latency (the node stage ends those steps at their bound)."""
 
 SLACK_PARENTS = 2
 EXCHANGES = 3
