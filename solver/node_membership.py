@@ -62,18 +62,18 @@ EDIT_WORK = 1
 
 
 MAX_PAIRS = 1_000_000
-"""Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child
-swaps cover those requests) unless the step is memory-tight (``TIGHT_FILL``). 1,000,000 takes
-in ``repack bench``'s 1,024-GPU steps (60% fill, ~6,000 samples x 128 bins): without the stage
-`repack+parent` ended a median 14% above its bound there, with it 0.0% (mean step time -13.8%
-over 10 steps), and `repack+sizing`, which must run it to stay ahead of `repack+parent`, 0.2%
-faster (two steps where `repack+parent` had won); CPU +110% / +30% at the median, after the
-vectorised receiver floors (``receiver_floors``). 400,000 (until 2026-12-02) took in
-packed 512-GPU steps of 8-rank parents (~5,700 samples x 64 bins), where the greedy path alone
-ended 1.9% (one sample longer than a node) and 9.6% (two in one parent) slower than the tests'
-reference heuristic, now 8.5% and 1.5% faster (`repack+parent` ~0.3-0.7 s CPU there). At
-100,000 (until 2026-12-01) it took in packed 256-GPU steps (~2,900 samples x 32 bins; before
-``_LightestBins`` the placement scanned every bin per sample and the limit was 60,000)."""
+"""Above this many (sample x bin) pairs the stage is skipped (the greedy path and the child swaps
+cover those requests) unless the step is memory-tight (``TIGHT_FILL``). 1,000,000 takes in ``repack
+bench``'s 1,024-GPU steps (60% fill, ~6,000 samples x 128 bins): without the stage `repack+parent`
+ended a median 14% above its bound there, with it 0.0% (mean step time -13.8% over 10 steps), and
+`repack+sizing`, which must run it to stay ahead of `repack+parent`, 0.2% faster (two steps where
+`repack+parent` had won); CPU p50 +34% / +12%, p99 x2.1 / x1.6 on 20 bench steps, after the
+vectorised receiver floors (``receiver_floors``). 400,000 (until 2026-12-02) took in packed 512-GPU
+steps of 8-rank parents (~5,700 samples x 64 bins), where the greedy path alone ended 1.9% (one
+sample longer than a node) and 9.6% (two in one parent) slower than the tests' reference heuristic,
+now 8.5% and 1.5% faster (`repack+parent` ~0.3-0.7 s CPU there). At 100,000 (until 2026-12-01) it
+took in packed 256-GPU steps (~2,900 samples x 32 bins; before ``_LightestBins`` the placement
+scanned every bin per sample and the limit was 60,000)."""
 
 TIGHT_FILL = 0.9
 """A step holding at least this share of the cluster's token memory (a packing loader's) runs
