@@ -8,6 +8,14 @@ here for all of them in one numpy pass per sample, from terms taken once per mov
 phase then skips the receivers whose floor is clearly above its target and checks the others
 exactly, as before. A prefilter only: the plan does not change.
 
+From ``EDIT_SCREEN_RECEIVERS`` receivers on, the same pass also computes, for the receivers
+whose trial is an edit of packed children that re-packs nothing (``EditTerms``), the trial's
+parent time itself (the floor's arithmetic with the bin's slowest child and busiest rank after
+the sample joins its fastest child with room): a receiver whose floor lets it through but whose
+edit is too slow is skipped at the edit's work charge, so the budget, the moves and the plan
+stay the same. On 1,024-GPU bench steps the floor (a bin's average work) let ~11,000 such
+trials through per step where the move phase spent its whole budget.
+
 The terms are taken when a move starts. While the move's receivers are tried, a bin can only
 become packed (fresh), never lose its children, so a sibling's children left out here can
 only make these floors lower than ``_time_floor``'s: the filter stays safe.
@@ -25,6 +33,46 @@ from solver.cost_model import CostModel
 
 SLACK = 1e-9
 """Relative margin of a skip: the exact floor sums the bins in another order (float noise)."""
+
+
+@dataclass(frozen=True)
+class EditRow:
+    """One receiving bin's packed children, as its trial edit reads them."""
+
+    sizes: list[int]
+    sparse: list[float]
+    tokens: list[int]
+    z: float
+    """Slowest child layer and busiest rank's tokens (``NodeSeed._edited``'s arithmetic)."""
+    m: int
+    charge: int
+    """Work the edit is charged."""
+
+
+@dataclass(frozen=True)
+class EditTerms:
+    """The receivers whose trial is an edit of packed children (``NodeSeed._edited``): not
+    whole, their bin and every sibling packed (so the trial re-packs nothing), the bin with
+    children. For them the trial's parent time is the floor's arithmetic with the bin's
+    slowest child and busiest rank after ``s`` joins its fastest child with room, computed
+    here for all of them at once."""
+
+    valid: NDArray[np.bool_]
+    """Per receiver: the trial is such an edit."""
+    z: NDArray[np.float64]
+    """Per receiver: the bin's slowest child layer and busiest rank's tokens, before ``s``."""
+    m: NDArray[np.int64]
+    charge: list[int]
+    """Per receiver: the work the trial's edit is charged (``EDIT_WORK`` per child, plus one)."""
+    owner: NDArray[np.int64]
+    """Per child of a valid receiver, in receiver order: the receiver, size, sparse seconds,
+    tokens; ``starts``: each valid receiver's first child."""
+    size: NDArray[np.int64]
+    sparse: NDArray[np.float64]
+    tokens: NDArray[np.int64]
+    starts: NDArray[np.int64]
+    per_token: NDArray[np.float64]
+    fixed: NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -51,15 +99,18 @@ class ReceiverTerms:
     per_token: NDArray[np.float64]
     """Per token seconds and fixed seconds of one layer in a group of the parent's size."""
     fixed: NDArray[np.float64]
+    edits: EditTerms | None = None
 
     @classmethod
     def build(
         cls,
         cost: CostModel,
         rows: Sequence[tuple[int, int, float, int, float, float, int, float, int, bool]],
+        edits: Sequence[EditRow | None] = (),
     ) -> ReceiverTerms:
         """``rows``: per bin (size, ranks, full, tokens, sparse, work, bin tokens, z, m,
-        whole_only)."""
+        whole_only); ``edits``: per bin, its children ``(size, sparse seconds, tokens)`` and
+        the trial edit's charge where the trial is such an edit (``EditTerms``)."""
         cols = list(zip(*rows, strict=True))
         size = np.asarray(cols[0], dtype=np.int64)
         sizes = sorted(set(cols[0]))
@@ -78,6 +129,7 @@ class ReceiverTerms:
             whole_only=np.asarray(cols[9], dtype=np.bool_),
             per_token=np.asarray([per[k] for k in cols[0]], dtype=np.float64),
             fixed=np.asarray([fix[k] for k in cols[0]], dtype=np.float64),
+            edits=_edit_terms(cost, edits) if any(e is not None for e in edits) else None,
         )
 
     def floors_with(
@@ -108,3 +160,81 @@ class ReceiverTerms:
         seconds) is above ``target`` by more than float noise."""
         floors = self.floors_with(cost, *sample)
         return (floors > target * (1 + SLACK)).tolist()
+
+    def screen(
+        self,
+        cost: CostModel,
+        target: float,
+        sample: tuple[float, int, float, float],
+    ) -> tuple[list[bool], list[bool]]:
+        """Per receiver: its floor with ``sample`` is clearly above ``target`` (ruled out
+        for free, as ``_floor_with`` would), and, failing that, its trial edit is (ruled out
+        at the edit's charge: the floor is clearly below ``target`` and the parent has the
+        memory, so the exact path would have tried the edit and found it too slow)."""
+        full_s, tokens, sparse_s, _ = sample
+        floors = self.floors_with(cost, *sample)
+        plain = floors > target * (1 + SLACK)
+        e = self.edits
+        if e is None or not e.valid.any():
+            return plain.tolist(), [False] * len(plain)
+        tok = e.tokens + tokens
+        room = tok <= e.size * cost.max_tokens_per_rank
+        t = (e.sparse + sparse_s) / e.size + -(-tok // e.size) * e.per_token + e.fixed
+        t = np.where(room, t, np.inf)
+        busiest = np.where(room, -(-tok // e.size), np.iinfo(np.int64).max)
+        best = np.full(len(plain), np.inf)
+        busiest_best = np.zeros(len(plain), dtype=np.int64)
+        rows = e.owner[e.starts]
+        best[rows] = np.minimum.reduceat(t, e.starts)
+        busiest_best[rows] = np.minimum.reduceat(busiest, e.starts)
+        total = self.tokens + tokens
+        spread = -(-total // self.size)
+        base = (self.full + full_s) / self.size
+        whole = cost.full_layers * (base + spread * self.per_token + self.fixed)
+        whole = whole + cost.sparse_layers * (
+            (self.sparse + sparse_s) / self.size + spread * self.per_token + self.fixed
+        )
+        m = np.maximum(np.maximum(e.m, busiest_best), self.m)
+        z = np.maximum(np.maximum(e.z, best), self.z)
+        split = cost.full_layers * (base + m * self.per_token + self.fixed) + cost.sparse_layers * z
+        edited = np.minimum(whole, split)
+        fits = total <= self.size * cost.max_tokens_per_rank
+        out = (
+            e.valid
+            & np.isfinite(best)
+            & fits
+            & ~plain
+            & (floors < target * (1 - SLACK))
+            & (edited > target * (1 + SLACK))
+        )
+        return plain.tolist(), out.tolist()
+
+
+def _edit_terms(cost: CostModel, edits: Sequence[EditRow | None]) -> EditTerms:
+    owner: list[int] = []
+    size: list[int] = []
+    sparse: list[float] = []
+    tokens: list[int] = []
+    starts: list[int] = []
+    for i, edit in enumerate(edits):
+        if edit is not None:
+            starts.append(len(owner))
+            owner += [i] * len(edit.sizes)
+            size += edit.sizes
+            sparse += edit.sparse
+            tokens += edit.tokens
+    per = {k: cost.token_seconds(k) for k in set(size)}
+    fix = {k: cost.layer_fixed_seconds(k) for k in set(size)}
+    return EditTerms(
+        valid=np.asarray([e is not None for e in edits], dtype=np.bool_),
+        z=np.asarray([0.0 if e is None else e.z for e in edits], dtype=np.float64),
+        m=np.asarray([0 if e is None else e.m for e in edits], dtype=np.int64),
+        charge=[0 if e is None else e.charge for e in edits],
+        owner=np.asarray(owner, dtype=np.int64),
+        size=np.asarray(size, dtype=np.int64),
+        sparse=np.asarray(sparse, dtype=np.float64),
+        tokens=np.asarray(tokens, dtype=np.int64),
+        starts=np.asarray(starts, dtype=np.int64),
+        per_token=np.asarray([per[k] for k in size], dtype=np.float64),
+        fixed=np.asarray([fix[k] for k in size], dtype=np.float64),
+    )

@@ -4,9 +4,15 @@ through changes plans, one that is lower than needed only costs time."""
 
 from __future__ import annotations
 
+from functools import partial
+from itertools import islice
+
 import pytest
 
+from cli.bench import BenchSize
+from solver import node_membership
 from solver.node_membership import NodeSeed
+from solver.planner import _baseline_parents
 from solver.problem import Problem
 from solver.receiver_floors import SLACK
 from tests.solver.test_reference import loader_request
@@ -60,3 +66,37 @@ def test_a_receiver_is_ruled_out_only_above_the_target() -> None:
     out = terms.clearly_above(problem.cost, target, sample)
     assert out == [f > target * (1 + SLACK) for f in floors]
     assert any(out) and not all(out)
+
+
+def test_a_receiver_ruled_out_by_its_edit_fails_the_trial_at_the_same_charge() -> None:
+    """``ReceiverTerms.screen``'s second answer stands in for ``NodeSeed._trial``: every
+    receiver it rules out must be one whose exact trial edit is no faster than the target,
+    charged the work the trial would have been charged."""
+    req = next(islice(BenchSize(256, 1500).scenario(2, 0).requests(), 1, None))
+    problem = Problem.from_request(req)
+    sizes, _ = _baseline_parents(problem, req)
+    seed_ = NodeSeed(problem, sizes)
+    assert seed_.place()
+    for j in range(len(sizes)):
+        seed_._time(j)  # every bin packed, as after a move phase's first evaluations
+    c = max(range(len(seed_.times)), key=seed_.times.__getitem__)
+    target = seed_.times[c] * (1 - 1e-9)
+    receivers = [b for b in seed_._open_bins() if b.parent != c]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(node_membership, "EDIT_SCREEN_RECEIVERS", 1)
+        terms = seed_._receiver_terms(receivers)
+    assert terms.edits is not None
+    ruled_out = 0
+    for s in sorted(seed_.bins[c][0].samples, key=problem.heavy_rank.__getitem__)[:20]:
+        sample = (problem.full_s[s], problem.tokens[s], problem.sparse_s[s], problem.work_s[s])
+        plain, edit = terms.screen(problem.cost, target, sample)
+        for i, dst in enumerate(receivers):
+            if plain[i]:
+                assert seed_._floor_with(dst, s) >= target
+            elif edit[i]:
+                before = seed_.work
+                t = seed_._trial(dst, s, 1, partial(seed_._seconds, dst.parent))
+                assert t >= target
+                assert seed_.work - before == terms.edits.charge[i]
+                ruled_out += 1
+    assert ruled_out > 100
