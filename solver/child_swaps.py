@@ -20,17 +20,24 @@ from dataclasses import dataclass
 from solver.budget import Budget
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Layout, Parent
+from solver.node_membership import TIGHT_FILL
 from solver.problem import Problem
 
 SWAP_WORK = 6000
 """Deterministic work per request at the full work budget (``Budget.evals``), in children
 looked at and swaps evaluated (a few microseconds each)."""
 SWAP_WORLD = 64
-"""Ranks of a request that ``SWAP_WORK`` is sized for; a larger one gets its share of more (up
-to ``MAX_SWAP_SCALE`` times): above 128 ranks the LNS does not run, so the swaps are the only
-search after the greedy stages, and a step needs more of them (512 GPUs, packed, 8-rank
-parents: 4109.7 / 4095.7 / 4072.8 ms at 1x / 2x / 8x, the stage 12 / 19 / 61 ms)."""
+"""Ranks of a request that ``SWAP_WORK`` is sized for; a larger memory-tight one gets its share
+of more (up to ``MAX_SWAP_SCALE`` times): above 256 ranks the LNS does not run, so the swaps are
+the only search after the greedy stages, and a packed step needs more of them (512 GPUs,
+packed, 8-rank parents: 4109.7 / 4095.7 / 4072.8 ms at 1x / 2x / 8x, the stage 12 / 19 / 61
+ms)."""
 MAX_SWAP_SCALE = 8
+"""Only for memory-tight steps (``node_membership.TIGHT_FILL``). Below that fill children have
+room, the greedy stages balance them, and the swaps' extra work buys nothing: on ``repack
+bench``'s 60%-fill 512- and 1,024-GPU steps 8x instead of 1x changed step times by
+0.002-0.011% (at most 0.04%) for up to 0.6 s of CPU per request at 1,024 GPUs, most of it
+spent on swaps of 1e-6 of the step time each."""
 SOURCES = 2
 """Slowest children of the critical parent that give samples away."""
 IMPROVEMENT = 1e-9
@@ -314,10 +321,12 @@ class _Swaps:
 def swap_children(problem: Problem, layout: Layout, budget: Budget) -> Layout:
     """``layout`` with samples exchanged between children while the critical parent gets
     faster, within the request's deterministic share of ``SWAP_WORK`` (more for large
-    requests, ``SWAP_WORLD``); the same layout when
+    memory-tight requests, ``SWAP_WORLD``); the same layout when
     no swap helps."""
     swaps = _Swaps(problem, layout)
-    scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))
+    scale = 1
+    if problem.fill >= TIGHT_FILL:
+        scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))
     limit = budget.move_evals(SWAP_WORK * scale)
     changed = False
     while swaps.tries < limit and not budget.expired():

@@ -577,8 +577,7 @@ class NodeSeed:
 def _max_pairs(problem: Problem, repack: bool) -> int:
     if not repack:
         return MAX_WHOLE_PAIRS
-    fill = sum(problem.tokens) / problem.capacity(problem.cost.world_size)
-    return MAX_TIGHT_PAIRS if fill >= TIGHT_FILL else MAX_PAIRS
+    return MAX_TIGHT_PAIRS if problem.fill >= TIGHT_FILL else MAX_PAIRS
 
 
 def node_seed(

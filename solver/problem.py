@@ -73,6 +73,11 @@ class Problem:
             rank[s] = position
         return tuple(rank)
 
+    @cached_property
+    def fill(self) -> float:
+        """Share of the cluster's token memory the step holds (a packing loader's ~0.99)."""
+        return sum(self.tokens) / self.capacity(self.cost.world_size)
+
     def capacity(self, size: int) -> int:
         return size * self.cost.max_tokens_per_rank
 
