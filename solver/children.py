@@ -93,6 +93,16 @@ def children_below(
     ``limit_s``: a candidate only worth having if it beats a layout of that time stops costing
     child searches once it cannot."""
     starts = parent_starts(sizes)
+    if budget.expired():  # out of time: every parent stays unrepacked (valid, no search)
+        layout = tuple(
+            unrepacked(start, size, group)
+            for start, size, group in zip(starts, sizes, members, strict=True)
+        )
+        evaluation = evaluate(layout, problem.cost, problem.costs)
+        if evaluation.step_s > limit_s:
+            return None
+        known = tuple(bounds) if bounds is not None else (0.0,) * len(sizes)
+        return ChildrenSolution(layout, evaluation, known)  # 0 is a true bound too
     if bounds is None:
         bounds = membership_bounds(problem, sizes, members)
     order = sorted(range(len(sizes)), key=lambda j: (-bounds[j], j))
@@ -117,6 +127,7 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
     the next critical parent while the previous one was settled."""
     parents, bounds = list(solution.layout), list(solution.parent_bounds)
     times = list(solution.evaluation.parent_s)
+    solved = False
     for _ in range(POLISH_ROUNDS):
         c = max(range(len(parents)), key=lambda j: (times[j], -j))
         settled = bounds[c] >= times[c] * (1 - POLISH_MIN_GAP)
@@ -130,6 +141,7 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
         if p.repacked:
             model.hint(p)
         result = model.solve(budget.remaining_s(), budget.cpsat_seconds(DETERMINISTIC_SECONDS))
+        solved = True
         if result.stopped_by_time:
             budget.fired = True
         unrepacked = unrepacked_seconds(problem, p.size, p.samples)
@@ -140,5 +152,7 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
                 parents[c], times[c] = result.parent, t
         if bounds[c] < times[c] * (1 - POLISH_MIN_GAP):
             break  # the critical parent stays open: another parent cannot change the step
+    if not solved:
+        return solution  # nothing to solve (settled, short budget, out of time): as it was
     layout = tuple(parents)
     return ChildrenSolution(layout, evaluate(layout, problem.cost, problem.costs), tuple(bounds))

@@ -590,6 +590,8 @@ def node_seed(
     """Membership and layout of the node-level LPT + moves; None if LPT runs out of memory.
     Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes);
     with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
+    if clock is not None and clock.expired():
+        return None
     seed = NodeSeed(problem, sizes, repack)
     pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
     if pairs > _max_pairs(problem, repack):

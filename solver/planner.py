@@ -335,6 +335,8 @@ def _repack_sizing(
         sized = _sized(problem, request, objective, base.evaluation.step_s, budget, below)
         if sized is not None:
             found = _faster(problem, sized, found, budget)
+    if found is not None and budget.expired():  # the safety net fired: keep what was found
+        return _Candidate(found.layout, found.evaluation, bound)
     # Mode `sizing` also re-balances the upstream sizes by exact time: children on top of that,
     # unless no layout of the upstream sizes can beat what the sized ones found.
     # Any layout of the upstream sizes (re-balanced, or repack+parent's whole pipeline): the

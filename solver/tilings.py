@@ -132,6 +132,8 @@ def best_tilings(
     tiling can enter the answer, so the rest is skipped. ``skip``: sizes the caller already
     balances (the upstream sizes)."""
     found: list[Tiled] = []
+    if budget.expired():
+        return found
     tilings = [t for t in candidate_tilings(problem, allowed, world) if t != list(skip)]
     floors = [_floor(problem, sizes) for sizes in tilings]
     for floor, sizes in sorted(zip(floors, tilings, strict=True), key=lambda t: t[0]):

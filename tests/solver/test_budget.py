@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable
 from itertools import islice
+from typing import Any
 
 import pytest
 
@@ -68,3 +71,67 @@ def test_a_fired_safety_net_is_reported(wide_step: PlanRequest) -> None:
     result = plan(wide_step, deadline_ms=1)
     assert result.metrics.stopped_by == "deadline"
     assert validate_plan(wide_step, result) == []
+
+
+EXPENSIVE = (
+    ("solver.child_packer", "ChildPacker", "solve"),
+    ("solver.children", None, "membership_bounds"),
+    ("solver.tilings", None, "fast_aggregate_bound"),
+    ("solver.node_membership", "NodeSeed", "place"),
+    ("solver.child_cpsat", "ChildModel", "solve"),
+    ("solver.joint_model", "JointModel", "solve"),
+)
+"""Work that only chooses between candidates: once the safety net has fired, none of it can
+change the answer (children stay unrepacked, no candidate is searched), so none of it runs."""
+
+
+@pytest.fixture(scope="module")
+def packed_step() -> PlanRequest:
+    """A packed 64-GPU step with four 16-rank parents (every stage has work there)."""
+    return next(islice(load_trace(scenario_path("gpu64-packed.yaml")), 69, None))
+
+
+def _counted(
+    original: Callable[..., Any], name: str, late: Callable[[], bool], log: list[str]
+) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if late():
+            log.append(name)
+        return original(*args, **kwargs)
+
+    return counted
+
+
+@pytest.mark.parametrize("checks", [1, 4, 12, 40])
+@pytest.mark.parametrize("mode", ["sizing", "repack", "repack+parent", "repack+sizing"])
+@pytest.mark.parametrize("step", ["wide_step", "packed_step"])
+def test_no_search_runs_once_the_safety_net_has_fired(
+    step: str, mode: str, checks: int, request: pytest.FixtureRequest
+) -> None:
+    """The safety net fires at the ``checks``-th look at the clock (the clock itself is out of
+    reach, so where it fires is repeatable); from then on the solve only assembles what it has.
+    At 2,048 GPUs a solve whose safety net fired went on for ~0.9 s: child bounds and greedy
+    packs of a membership whose children were then left unrepacked, tiling floors, the
+    node-level placement, and a re-evaluation by a polish that did nothing."""
+    looks: list[int] = []
+    late: list[str] = []
+
+    def expired(self: Budget) -> bool:
+        looks.append(1)
+        if len(looks) >= checks:
+            self.fired = True
+        return self.fired
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Budget, "expired", expired)
+        for module, owner, name in EXPENSIVE:
+            target = importlib.import_module(module)
+            holder = getattr(target, owner) if owner else target
+            spy = _counted(getattr(holder, name), name, lambda: len(looks) >= checks, late)
+            m.setattr(holder, name, spy)
+        req = request.getfixturevalue(step).model_copy(update={"mode": mode})
+        result = plan(req, deadline_ms=600_000)
+    assert validate_plan(req, result) == []
+    if len(looks) >= checks:
+        assert result.metrics.stopped_by == "deadline"
+    assert late == []
