@@ -184,9 +184,12 @@ def _repack_parent(
     pruning = incumbent_s < math.inf and not budget.expired()
     if pruning and _beyond(free, incumbent_s):
         return None  # no membership of these sizes can tie the incumbent
-    if pruning:  # the same stages as below, in another order: only the child search is saved
-        moved_members = _moved_members(problem, sizes, members, budget)
-        seeded = _node_seeded(problem, sizes, budget)
+    # The node-level membership first: on large requests it gains the most, so a safety net
+    # that fires in the stages after it still leaves its layout (the stages are independent:
+    # where nothing fires, the same plans as in any order).
+    seeded = _node_seeded(problem, sizes, budget)
+    moved_members = _moved_members(problem, sizes, members, budget)
+    if pruning:  # their bounds, before any child search for them
         floors = [max(fixed_bounds), max(membership_bounds(problem, sizes, moved_members))]
         if seeded is not None:
             floors.append(max(seeded.parent_bounds))
@@ -194,12 +197,10 @@ def _repack_parent(
             return None
     fixed = solve_children(problem, sizes, members, budget, fixed_bounds)
     if budget.expired():
+        if seeded is not None and seeded.evaluation.step_s < fixed.evaluation.step_s:
+            return _Candidate(seeded.layout, seeded.evaluation, free)
         return _Candidate(fixed.layout, fixed.evaluation, free)
-    if not pruning:
-        moved_members = _moved_members(problem, sizes, members, budget)
     moved = solve_children(problem, sizes, moved_members, budget)
-    if not pruning:
-        seeded = _node_seeded(problem, sizes, budget)
     if seeded is not None and seeded.evaluation.step_s < moved.evaluation.step_s:
         moved = seeded
     if moved.evaluation.step_s <= max(fixed.parent_bounds):
