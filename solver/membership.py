@@ -21,6 +21,7 @@ from typing import Literal
 
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
+from solver.exact_fill import fill_bins
 from solver.node_packing import segments_fit, unplaced_tokens
 from solver.problem import Problem
 
@@ -251,15 +252,32 @@ def balance(
     evals: int = LOCAL_SEARCH_EVALS,
     clock: Budget | None = None,
     repack_caps: Sequence[int] | None = None,
+    fill: bool = True,
 ) -> list[list[int]]:
     """Members of each parent (in index order), improved from ``start`` or built greedily;
     the local search stops after ``evals`` evaluations or when ``clock`` runs out. With
     ``repack_caps`` (objective ``repack``), a parent holding more tokens than its cap is
-    costed unrepacked: its samples cannot be packed node-locally."""
+    costed unrepacked: its samples cannot be packed node-locally. Where the greedy runs out of
+    memory, the parents filled to the token are the start (``fill``; else it raises)."""
     bal = _Balancer(problem, sizes, objective, repack_caps)
     if start is None:
-        bal.greedy(heavy_order(problem))
-    else:
+        try:
+            bal.greedy(heavy_order(problem))
+        except InfeasibleRequestError:
+            if not fill:
+                raise
+            # Memory full to a few tokens (a loader at 99.99%): LPT leaves a sample with no
+            # room, subset sums fill the parents to the token (``exact_fill``).
+            start = fill_bins(
+                problem,
+                range(problem.num_samples),
+                [problem.capacity(size) for size in sizes],
+                list(sizes),
+            )
+            if start is None:
+                raise
+            bal = _Balancer(problem, sizes, objective, repack_caps)
+    if start is not None:
         for j, group in enumerate(start):
             for s in group:
                 bal.place(j, s)

@@ -19,6 +19,7 @@ import heapq
 from collections.abc import Sequence
 
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.exact_fill import fill_bins
 from solver.layout import Child, Parent
 from solver.problem import Problem
 
@@ -172,6 +173,10 @@ def pack_by_nodes(
         parent = _parent_from_segments(problem, start, size, seg, assign)
         if parent is not None and (best is None or parent[1] < best[1]):
             best = parent
+    if best is None:  # full to the token: nodes filled by subset sums (``exact_fill``)
+        filled = fill_bins(problem, members, [cap] * bins, [seg] * bins)
+        if filled is not None:
+            best = _parent_from_segments(problem, start, size, seg, filled)
     return best
 
 

@@ -73,16 +73,20 @@ def candidate_tilings(problem: Problem, allowed: Sequence[int], world: int) -> l
 
 
 def tiling_memberships(problem: Problem, sizes: list[int], budget: Budget) -> list[list[list[int]]]:
-    """Exact-time LPT + local search; where it runs out of packed memory, the node-level LPT
-    (every parent whole), but only for tilings of at most one parent per node: with many narrow
-    parents it costs ~10x the LPT (measured 72 ms at 64 GPUs for [8] + [1] * 56) for a tiling
-    whose narrow parents are what made memory run out."""
+    """Exact-time LPT + local search; where it runs out of packed memory, the parents filled to
+    the token (``exact_fill``) + local search and the node-level LPT (every parent whole), the
+    latter only for tilings of at most one parent per node: with many narrow parents it costs
+    ~10x the LPT (measured 72 ms at 64 GPUs for [8] + [1] * 56) for a tiling whose narrow
+    parents are what made memory run out."""
     with contextlib.suppress(InfeasibleRequestError):  # LPT may not fit packed memory
-        return [balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget)]
+        return [balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget, fill=False)]
+    out = []
+    with contextlib.suppress(InfeasibleRequestError):  # no fill to the token found either
+        out.append(balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget))
     if len(sizes) > problem.cost.world_size // problem.cost.gpus_per_node or budget.expired():
-        return []
+        return out
     seeded = node_seed(problem, sizes, budget, repack=False)
-    return [] if seeded is None else [seeded[0]]
+    return out if seeded is None else [*out, seeded[0]]
 
 
 def fast_aggregate_bound(problem: Problem, sizes: Sequence[int]) -> float:

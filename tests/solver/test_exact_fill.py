@@ -1,0 +1,70 @@
+"""Bins filled to the token (``exact_fill``): subset sums and the greedy + repair fill."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from solver.exact_fill import EXACT_ROOM, fill_bins, subset_fill
+from solver.problem import Problem
+from solver.schema import PlanRequest
+
+
+def best_sum(lengths: list[int], room: int) -> int:
+    """The largest subset sum <= room, by enumeration."""
+    return max(
+        sum(c)
+        for r in range(len(lengths) + 1)
+        for c in itertools.combinations(lengths, r)
+        if sum(c) <= room
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_subset_fill_finds_the_largest_sum_within_the_room(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 3000) for _ in range(rng.randint(0, 12))]
+    room = rng.randint(0, min(EXACT_ROOM, sum(lengths) + 10))
+    chosen = subset_fill(lengths, room)
+    assert len(set(chosen)) == len(chosen)
+    assert sum(lengths[i] for i in chosen) == best_sum(lengths, room)
+
+
+def test_subset_fill_fills_a_large_room_greedily_then_exactly() -> None:
+    rng = random.Random(7)
+    lengths = [rng.randint(64, 9000) for _ in range(300)]
+    room = 200_000
+    got = sum(lengths[i] for i in subset_fill(lengths, room))
+    assert room - 16 <= got <= room  # many short lengths: every room is reachable
+
+
+def problem_of(lengths: list[int], nodes: int = 4) -> Problem:
+    return Problem.from_request(
+        PlanRequest.model_validate({"cluster": {"nodes": nodes}, "lengths": lengths})
+    )
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_fill_bins_places_every_member_within_memory(seed: int) -> None:
+    rng = random.Random(seed)
+    cap = 8 * 32768
+    lengths = [int(rng.lognormvariate(7.5, 1.0)) + 16 for _ in range(600)]
+    lengths = [min(n, 60_000) for n in lengths]
+    # four bins, filled to all but a few tokens in total
+    while sum(lengths) > 4 * cap - 20:
+        lengths.pop()
+    lengths.append(4 * cap - 20 - sum(lengths))
+    problem = problem_of(lengths)
+    out = fill_bins(problem, range(len(lengths)), [cap] * 4, [8] * 4)
+    assert out is not None
+    assert sorted(s for b in out for s in b) == list(range(len(lengths)))
+    assert all(sum(lengths[s] for s in b) <= cap for b in out)
+
+
+def test_fill_bins_refuses_what_cannot_fit() -> None:
+    problem = problem_of([100, 100, 100])
+    assert fill_bins(problem, [0, 1, 2], [150, 140], [1, 1]) is None  # 300 > 290
+    assert fill_bins(problem, [0, 1, 2], [150, 150], [1, 1]) is None  # one bin gets two
+    assert fill_bins(problem, [0, 1], [100, 100], [1, 1]) is not None
