@@ -8,8 +8,11 @@ packed 16-rank parents of 64 GPUs it closed the 0.1-0.8% by which those stages t
 tests' reference heuristic). Each step takes the first swap (or move, where a child has room)
 that brings the critical parent under the step time without putting the receiving parent at
 or above it; parent times are updated from per-child sums, never re-evaluated whole. Only
-children are exchanged, so parents keep their sizes, children their ranks, and an unrepacked
-parent wider than one rank is left as it is (its members are the membership search's).
+children are exchanged, so parents keep their sizes and children their ranks. An unrepacked
+parent is one child as wide as the parent and trades samples like any other: until
+2026-12-03 those wider than a rank were left out, and a critical parent holding the longest
+sample unrepacked ended the search 0.15% behind the reference (16 GPUs, eight 2-rank parents,
+``tests/solver/data/flat-16gpu-111.json``).
 """
 
 from __future__ import annotations
@@ -64,8 +67,6 @@ class _Par:
     size: int
     kids: list[_Kid]
     full_s: float
-    swappable: bool
-    """Repacked, or a single rank: its children may exchange samples."""
 
 
 class _Swaps:
@@ -84,9 +85,7 @@ class _Swaps:
                 for c in parent.children
             ]
             full = sum(problem.full_s[s] for c in parent.children for s in c.samples)
-            self.pars.append(
-                _Par(parent.start, parent.size, kids, full, parent.repacked or parent.size == 1)
-            )
+            self.pars.append(_Par(parent.start, parent.size, kids, full))
         self.times = [0.0] * len(self.pars)
         self.cache: list[tuple[list[float], list[int], list[int], list[int]]] = [
             ([], [], [], []) for _ in self.pars
@@ -198,8 +197,6 @@ class _Swaps:
         within ``limit`` tries."""
         p = self.p
         c = max(range(len(self.times)), key=lambda j: (self.times[j], -j))
-        if not self.pars[c].swappable:
-            return False
         target = self.times[c] * (1 - IMPROVEMENT)
         kids = self.pars[c].kids
         secs = self.cache[c][0]
@@ -207,7 +204,6 @@ class _Swaps:
         receivers = sorted(
             (self.cache[j][0][i], j, i)
             for j, par in enumerate(self.pars)
-            if par.swappable
             for i in range(len(par.kids))
         )
         for ci in sources:
