@@ -109,7 +109,6 @@ class JointModel:
         self.bins: list[_Bin] = []
         hint_bin: dict[int, int] = {}  # freed sample -> bin in the current layout
         hint_used: set[int] = set()
-        horizon = 0.0
         outside = [j for j in range(len(layout)) if j not in hood.parents]
         for q, j in enumerate(hood.parents):
             par = layout[j]
@@ -140,9 +139,10 @@ class JointModel:
                             hint_used.add(b)
                             for s in now[slot].samples:
                                 hint_bin[s] = b
-        for par in layout:
-            horizon = max(horizon, self._rough_seconds(par))
-        self.unit_s = time_unit_s(4 * horizon)
+        key = ("joint_model.unit_s",)  # the same for every move of a request
+        if key not in problem.memo:
+            problem.memo[key] = time_unit_s(4 * self._rough_seconds())
+        self.unit_s = problem.memo[key]
         self.outside_units = max((self._units(self._exact(layout[j])) for j in outside), default=0)
         self._build(hint_bin, hint_used)
 
@@ -158,8 +158,9 @@ class JointModel:
             if s in self.free:
                 hint_bin[s] = b
 
-    def _rough_seconds(self, par: Parent) -> float:
-        """Every sample of the step in the slowest layout: no expression sums to more."""
+    def _rough_seconds(self) -> float:
+        """Every sample of the step in the slowest layout: no parent's expression sums to
+        more (the same for every parent, so computed once per model)."""
         cost, p = self.p.cost, self.p
         per_token = cost.linear_seconds_per_token + cost.a2a_seconds_per_token(cost.world_size)
         total = sum(p.sparse_s) + sum(p.tokens) * per_token
