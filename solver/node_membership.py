@@ -142,6 +142,16 @@ class NodeSeed:
         self.work = 0
         self.move_work = MOVE_WORK
         """The request's share of ``MOVE_WORK`` (``Budget.evals``)."""
+        cost = problem.cost
+        cheapest = min(cost.a2a_seconds_per_token(size) for size in set(sizes))
+        self.full_rate = {
+            size: cost.full_layers
+            * (cost.linear_seconds_per_token + (cost.a2a_seconds_per_token(size) - cheapest))
+            for size in set(sizes)
+        }
+        """Per parent size: seconds per token of a rank's full layers that LPT counts, linear
+        work and the all-to-all beyond the cheapest parent's (see ``_lpt_load``; exactly the
+        linear work alone for that parent, so uniform sizes place as before)."""
 
     # --- bins -------------------------------------------------------------------------------
     def _add(self, b: _Bin, s: int, sign: int = 1) -> None:
@@ -234,21 +244,25 @@ class NodeSeed:
         and its tokens' linear work in the full layers (the whole parent's, when whole).
         Sparse work alone put a second long sample on the empty second node of the first
         one's parent, doubling that parent's full attention (a packed 256-GPU step of 16-rank
-        parents ended 28% above its bound)."""
+        parents ended 28% above its bound). The tokens also pay the parent's all-to-all beyond
+        the cheapest parent size of the request (nothing when all parents are one size): without
+        it a wide parent looked cheaper for a long sample than a narrow one, its attention shared
+        by more ranks whatever its inter-node all-to-all cost (32 GPUs of 4-GPU nodes, parents
+        [4, 4, 4, 4, 16]: the three samples longer than a rank's memory all went to the 16-rank
+        parent, which stayed unrepacked, 4.1% slower than one 4-rank parent each)."""
         cost = self.p.cost
         j = b.parent
         bins, size = self.bins[j], self.sizes[j]
-        lin = cost.full_layers * cost.linear_seconds_per_token
         full = cost.full_layers * sum(x.full_s for x in bins) / size
         if self.whole[j]:
             return self._parent_load(j)
-        return full + (cost.sparse_layers * b.work + lin * b.tokens) / b.ranks
+        return full + (cost.sparse_layers * b.work + self.full_rate[size] * b.tokens) / b.ranks
 
     def _parent_load(self, j: int) -> float:
         """``_lpt_load`` of parent ``j`` as one whole bin."""
         cost = self.p.cost
         bins, size = self.bins[j], self.sizes[j]
-        lin = cost.full_layers * cost.linear_seconds_per_token
+        lin = self.full_rate[size]
         full = cost.full_layers * sum(x.full_s for x in bins)
         return (full + sum(cost.sparse_layers * x.work + lin * x.tokens for x in bins)) / size
 
@@ -257,9 +271,8 @@ class NodeSeed:
         p, cost = self.p, self.p.cost
         size = self.sizes[b.parent]
         ranks = size if self.whole[b.parent] else b.ranks
-        lin = cost.full_layers * cost.linear_seconds_per_token
         extra = cost.full_layers * p.full_s[s] / size
-        extra += (cost.sparse_layers * p.work_s[s] + lin * p.tokens[s]) / ranks
+        extra += (cost.sparse_layers * p.work_s[s] + self.full_rate[size] * p.tokens[s]) / ranks
         return self._lpt_load(b) + extra, b.start
 
     def _lightest_of(self, j: int, s: int) -> _Bin | None:
