@@ -119,3 +119,23 @@ def fill_bins(
         return None
     out[last] += left
     return out
+
+
+def first_fit_decreasing(
+    problem: Problem, members: Sequence[int], capacities: Sequence[int]
+) -> list[list[int]] | None:
+    """``members`` by decreasing length, each into the first bin (in the given order) with
+    room for it; None when one finds none. Packs the lumpy steps the subset sums of
+    ``fill_bins`` miss: few samples, each a large share of a bin (3 ranks of 6,000 tokens
+    holding 3000 x 4 + 2000 x 3, where the reserve is one sample of 2000)."""
+    room = list(capacities)
+    out: list[list[int]] = [[] for _ in room]
+    tokens = problem.tokens
+    for s in sorted(members, key=lambda s: (-tokens[s], s)):
+        n = tokens[s]
+        b = next((b for b, free in enumerate(room) if free >= n), None)
+        if b is None:
+            return None
+        room[b] -= n
+        out[b].append(s)
+    return out

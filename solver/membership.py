@@ -21,7 +21,7 @@ from typing import Literal
 
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
-from solver.exact_fill import fill_bins
+from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.node_packing import segments_fit, unplaced_tokens
 from solver.problem import Problem
 
@@ -268,12 +268,11 @@ def balance(
                 raise
             # Memory full to a few tokens (a loader at 99.99%): LPT leaves a sample with no
             # room, subset sums fill the parents to the token (``exact_fill``).
-            start = fill_bins(
-                problem,
-                range(problem.num_samples),
-                [problem.capacity(size) for size in sizes],
-                list(sizes),
-            )
+            capacities = [problem.capacity(size) for size in sizes]
+            samples = range(problem.num_samples)
+            start = fill_bins(problem, samples, capacities, list(sizes))
+            if start is None:  # few samples, each a large share of a parent
+                start = first_fit_decreasing(problem, samples, capacities)
             if start is None:
                 raise
             bal = _Balancer(problem, sizes, objective, repack_caps)

@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Sequence
 
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
-from solver.exact_fill import fill_bins
+from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.layout import Child, Parent
 from solver.problem import Problem
 
@@ -35,19 +35,7 @@ def _first_fit_decreasing(
     problem: Problem, members: Sequence[int], bins: int, capacity: int
 ) -> list[list[int]] | None:
     """Members by decreasing length into ``bins`` bins of ``capacity`` tokens (first fit)."""
-    room = [capacity] * bins
-    out: list[list[int]] = [[] for _ in range(bins)]
-    tokens = problem.tokens
-    for s in sorted(members, key=lambda s: (-tokens[s], s)):
-        n = tokens[s]
-        for b in range(bins):  # the first bin with room
-            if room[b] >= n:
-                break
-        else:
-            return None
-        room[b] -= n
-        out[b].append(s)
-    return out
+    return first_fit_decreasing(problem, members, [capacity] * bins)
 
 
 def _lpt(

@@ -8,8 +8,10 @@ import random
 import pytest
 
 from solver.exact_fill import EXACT_ROOM, fill_bins, subset_fill
+from solver.planner import plan
 from solver.problem import Problem
 from solver.schema import PlanRequest
+from solver.validate import validate_plan
 
 
 def best_sum(lengths: list[int], room: int) -> int:
@@ -68,3 +70,27 @@ def test_fill_bins_refuses_what_cannot_fit() -> None:
     assert fill_bins(problem, [0, 1, 2], [150, 140], [1, 1]) is None  # 300 > 290
     assert fill_bins(problem, [0, 1, 2], [150, 150], [1, 1]) is None  # one bin gets two
     assert fill_bins(problem, [0, 1], [100, 100], [1, 1]) is not None
+
+
+LUMPY = [
+    # 3 ranks of 6,000 tokens at 100%: LPT and the reserve's subset sums leave a 2000 over
+    ({"nodes": 3, "gpus_per_node": 1, "max_tokens_per_rank": 6000}, [3000] * 4 + [2000] * 3, None),
+    # 3 nodes of 8 at 100% less one token: two samples of 4 ranks fill a parent each
+    ({"nodes": 3}, [131072] * 4 + [87381] * 3, None),
+    ({"nodes": 3}, [131072] * 4 + [87381] * 3, [8, 8, 8]),
+]
+
+
+@pytest.mark.parametrize(("cluster", "lengths", "sizes"), LUMPY)
+def test_a_lumpy_step_that_fits_is_planned_not_refused(
+    cluster: dict[str, int], lengths: list[int], sizes: list[int] | None
+) -> None:
+    """Few samples, each a large share of a parent, filling memory to the token: a packing
+    exists (first fit decreasing finds it), so every mode plans the step (found by a
+    randomised hunt: every mode refused these with 'no uniform parent size can hold these
+    samples' or 'fits in no parent's remaining memory')."""
+    req = PlanRequest(cluster=cluster, lengths=lengths, parent_sizes=sizes)
+    for mode in ("baseline", "sizing", "repack", "repack+parent", "repack+sizing"):
+        got = plan(req.model_copy(update={"mode": mode}))
+        assert validate_plan(req, got) == []
+        assert sorted(s for p in got.parents for s in p.samples) == list(range(len(lengths)))
