@@ -70,8 +70,10 @@ class _Par:
 
 
 class _Swaps:
-    def __init__(self, problem: Problem, layout: Layout) -> None:
+    def __init__(self, problem: Problem, layout: Layout, within: bool = False) -> None:
         self.p = problem
+        self.within = within
+        """Exchanges only between children of the critical parent (membership kept)."""
         self.pars: list[_Par] = []
         for parent in layout:
             kids = [
@@ -204,6 +206,7 @@ class _Swaps:
         receivers = sorted(
             (self.cache[j][0][i], j, i)
             for j, par in enumerate(self.pars)
+            if not self.within or j == c
             for i in range(len(par.kids))
         )
         for ci in sources:
@@ -314,12 +317,12 @@ class _Swaps:
         )
 
 
-def swap_children(problem: Problem, layout: Layout, budget: Budget) -> Layout:
+def swap_children(problem: Problem, layout: Layout, budget: Budget, within: bool = False) -> Layout:
     """``layout`` with samples exchanged between children while the critical parent gets
     faster, within the request's deterministic share of ``SWAP_WORK`` (more for large
     memory-tight requests, ``SWAP_WORLD``); the same layout when
     no swap helps."""
-    swaps = _Swaps(problem, layout)
+    swaps = _Swaps(problem, layout, within)
     scale = 1
     if problem.fill >= TIGHT_FILL:
         scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))

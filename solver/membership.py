@@ -23,6 +23,7 @@ from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
 from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.node_packing import segments_fit, unplaced_tokens
+from solver.packing_search import search_packing
 from solver.problem import Problem
 
 Objective = Literal["tokens", "baseline", "repack"]
@@ -273,6 +274,16 @@ def balance(
             start = fill_bins(problem, samples, capacities, list(sizes))
             if start is None:  # few samples, each a large share of a parent
                 start = first_fit_decreasing(problem, samples, capacities)
+            if start is None:  # only exact partitions fit (``packing_search``)
+                found = search_packing(problem, samples, capacities, clock)
+                if found.proven_infeasible:
+                    raise InfeasibleRequestError(
+                        "lengths",
+                        "these samples fit no membership of the parents' memory "
+                        f"(parents of {sorted(set(sizes))} ranks, "
+                        f"{problem.cost.max_tokens_per_rank} tokens per rank)",
+                    ) from None
+                start = found.members
             if start is None:
                 raise
             bal = _Balancer(problem, sizes, objective, repack_caps)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from solver.errors import InfeasibleRequestError
 from solver.exact_fill import EXACT_ROOM, fill_bins, subset_fill
 from solver.planner import plan
 from solver.problem import Problem
@@ -78,6 +79,14 @@ LUMPY = [
     # 3 nodes of 8 at 100% less one token: two samples of 4 ranks fill a parent each
     ({"nodes": 3}, [131072] * 4 + [87381] * 3, None),
     ({"nodes": 3}, [131072] * 4 + [87381] * 3, [8, 8, 8]),
+    # only exact partitions fit ({21, 8}, {17, 6, 6}, {13, 11, 5}): every greedy order strands
+    # a sample, CP-SAT finds one (``packing_search``)
+    (
+        {"nodes": 3, "gpus_per_node": 1, "max_tokens_per_rank": 29000},
+        [13000, 6000, 11000, 5000, 17000, 21000, 6000, 8000],
+        None,
+    ),
+    ({"nodes": 3}, [117507, 54234, 99429, 45195, 153663, 189819, 54234, 72312], [8, 8, 8]),
 ]
 
 
@@ -94,3 +103,19 @@ def test_a_lumpy_step_that_fits_is_planned_not_refused(
         got = plan(req.model_copy(update={"mode": mode}))
         assert validate_plan(req, got) == []
         assert sorted(s for p in got.parents for s in p.samples) == list(range(len(lengths)))
+
+
+def test_a_step_no_membership_fits_is_refused_with_the_reason() -> None:
+    """Full to the token with no exact partition (3 ranks of 29,000 tokens and samples of
+    20, 20, 20, 10, 9 and 8 thousand: each 20 needs a rank of its own, and only one of them
+    can be topped up to 29): the search proves it, and the error says that no membership
+    fits, not that one sample found no room."""
+    req = PlanRequest(
+        cluster={"nodes": 3, "gpus_per_node": 1, "max_tokens_per_rank": 29000},
+        lengths=[20000, 20000, 20000, 10000, 9000, 8000],
+        parent_sizes=[1, 1, 1],
+    )
+    with pytest.raises(InfeasibleRequestError) as raised:
+        plan(req)
+    assert raised.value.field == "lengths"
+    assert "fit no membership" in str(raised.value)

@@ -243,3 +243,32 @@ def test_long_samples_go_to_narrow_parents_when_the_wide_one_crosses_nodes() -> 
         got = plan(req.model_copy(update={"mode": mode}))
         assert validate_plan(req, got) == []
         assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE)
+
+
+HUNTED = [
+    # (request file, modes that ended behind the reference before the fix)
+    ("hunt-2x4-parents-of-2.json", ("repack+parent", "repack+sizing")),  # +0.53%
+    ("hunt-2x4-sizing.json", ("sizing",)),  # +0.20%
+    ("hunt-2x4-one-parent.json", ("repack",)),  # +0.60%
+    ("hunt-2x8-heads-64.json", ("repack+parent",)),  # +0.99%
+    ("hunt-8x2-one-parent.json", ("repack", "repack+parent")),  # +0.90% / +0.18%
+]
+
+
+@pytest.mark.parametrize(("name", "modes"), HUNTED)
+def test_packed_steps_of_small_clusters_are_not_beaten_by_the_reference(
+    name: str, modes: tuple[str, ...]
+) -> None:
+    """Packed loader steps of 2-, 4- and 8-GPU nodes (one or a few parents, 16-64 heads) from
+    a randomised hunt, each behind the reference by 0.2-1.0% in the modes named: the node
+    stage now also seeds from LPT by work alone on small requests
+    (``node_membership.SECOND_SEED_PAIRS``), and mode ``repack``'s layout gets the child swaps
+    inside its parents."""
+    req = PlanRequest.model_validate(json.loads((DATA / name).read_text()))
+    base = plan(req.model_copy(update={"mode": "baseline"}))
+    for mode in modes:
+        ref = reference_for(req, mode, base)
+        assert ref is not None
+        got = plan(req.model_copy(update={"mode": mode}))
+        assert validate_plan(req, got) == []
+        assert got.metrics.step_time_ms / 1e3 <= ref * (1 + TOLERANCE), mode
