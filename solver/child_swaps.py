@@ -320,8 +320,8 @@ class _Swaps:
 def swap_children(problem: Problem, layout: Layout, budget: Budget, within: bool = False) -> Layout:
     """``layout`` with samples exchanged between children while the critical parent gets
     faster, within the request's deterministic share of ``SWAP_WORK`` (more for large
-    memory-tight requests, ``SWAP_WORLD``); the same layout when
-    no swap helps."""
+    memory-tight requests, ``SWAP_WORLD``); the same layout when no swap helps. ``within``:
+    exchanges only between children of the critical parent (mode ``repack``: membership kept)."""
     swaps = _Swaps(problem, layout, within)
     scale = 1
     if problem.fill >= TIGHT_FILL:

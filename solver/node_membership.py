@@ -617,7 +617,8 @@ def node_seed(
 ) -> tuple[list[list[int]], tuple[Parent, ...]] | None:
     """Membership and layout of the node-level LPT + moves; None if LPT runs out of memory.
     Without ``repack`` every parent is one whole bin (mode ``sizing`` on the upstream sizes);
-    with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change)."""
+    with ``fixed`` every parent keeps those members (mode ``repack``: only nodes change).
+    Small requests run it twice, from two LPT rules, and keep the faster (``SECOND_SEED_PAIRS``)."""
     if clock is not None and clock.expired():
         return None
     found = _seeded(problem, sizes, clock, repack, fixed, by_work=False)
