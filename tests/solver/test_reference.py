@@ -254,6 +254,9 @@ HUNTED = [
     ("hunt-8x2-one-parent.json", ("repack", "repack+parent")),  # +0.90% / +0.18%
     ("hunt-4x8-one-parent-35.json", ("repack", "repack+parent")),  # +0.145%
     ("hunt-2x4-heads-64-kv-4.json", ("repack", "repack+parent")),  # +0.31%
+    # 32 GPUs of 4-GPU nodes, two full 16-rank parents, 317 samples: the move phase spent its
+    # whole budget on four moves (heavy samples tried into every node of their own parent).
+    ("hunt-8x4-two-parents-16.json", ("repack",)),  # +0.29%
 ]
 
 
