@@ -653,6 +653,13 @@ def _max_pairs(problem: Problem, repack: bool) -> int:
     return MAX_TIGHT_PAIRS if problem.fill >= TIGHT_FILL else MAX_PAIRS
 
 
+def small_request(problem: Problem, sizes: Sequence[int]) -> bool:
+    """At most ``SECOND_SEED_PAIRS`` (sample x node-bin) pairs: small enough for the extra
+    seeds a latency target at 64 GPUs cannot afford."""
+    pairs = problem.num_samples * sum(-(-size // problem.cost.gpus_per_node) for size in sizes)
+    return pairs <= SECOND_SEED_PAIRS
+
+
 def node_seed(
     problem: Problem,
     sizes: Sequence[int],
@@ -667,8 +674,7 @@ def node_seed(
     if clock is not None and clock.expired():
         return None
     found = _seeded(problem, sizes, clock, repack, fixed, by_work=False)
-    pairs = problem.num_samples * sum(-(-size // problem.cost.gpus_per_node) for size in sizes)
-    if pairs > SECOND_SEED_PAIRS or (clock is not None and clock.expired()):
+    if not small_request(problem, sizes) or (clock is not None and clock.expired()):
         return found
     second = _seeded(problem, sizes, clock, repack, fixed, by_work=True)
     if found is None or second is None:

@@ -257,6 +257,10 @@ HUNTED = [
     # 32 GPUs of 4-GPU nodes, two full 16-rank parents, 317 samples: the move phase spent its
     # whole budget on four moves (heavy samples tried into every node of their own parent).
     ("hunt-8x4-two-parents-16.json", ("repack",)),  # +0.29%
+    # 16 GPUs of 2-GPU nodes, a loader's mixed parent sizes, one sample longer than a node:
+    # every parent unrepacked and balanced by exact time beats every repacked membership.
+    ("hunt-8x2-parents-4-8-2-2.json", ("repack+parent",)),  # +1.35%
+    ("hunt-8x2-parents-4-8-4.json", ("repack+parent",)),  # +0.27%
 ]
 
 
