@@ -38,7 +38,7 @@ def _first_fit_decreasing(
     return first_fit_decreasing(problem, members, [capacity] * bins)
 
 
-def _lpt(
+def lpt_bins(
     problem: Problem,
     members: Sequence[int],
     bins: int,
@@ -126,7 +126,7 @@ def children_of_segment(
     for k in problem.child_sizes:
         if k > seg:
             break
-        packed = _lpt(problem, order, seg // k, k, problem.capacity(k), ordered=True)
+        packed = lpt_bins(problem, order, seg // k, k, problem.capacity(k), ordered=True)
         if packed is None:
             continue
         groups, tokens, sparse = packed
@@ -151,7 +151,7 @@ def pack_by_nodes(
         return None
     bins, cap = size // seg, problem.capacity(seg)
     best: tuple[Parent, float] | None = None
-    by_work = _lpt(problem, members, bins, seg, cap)
+    by_work = lpt_bins(problem, members, bins, seg, cap)
     for assign in (
         by_work[0] if by_work is not None else None,
         _first_fit_decreasing(problem, members, bins, cap),

@@ -34,6 +34,7 @@ from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
 from solver.membership_lns import SEARCH_SCALE, improve, searches
+from solver.node_child_sizes import resized
 from solver.node_membership import node_seed, small_request
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
@@ -168,7 +169,12 @@ def _fixed_best(
     if swapped is not fixed.layout:
         evaluation = evaluate(swapped, problem.cost, problem.costs)
         if evaluation.step_s < fixed.evaluation.step_s:
-            return ChildrenSolution(swapped, evaluation, fixed.parent_bounds)
+            fixed = ChildrenSolution(swapped, evaluation, fixed.parent_bounds)
+    layout = resized(problem, fixed.layout)
+    if layout is not fixed.layout:
+        evaluation = evaluate(layout, problem.cost, problem.costs)
+        if evaluation.step_s < fixed.evaluation.step_s:
+            return ChildrenSolution(layout, evaluation, fixed.parent_bounds)
     return fixed
 
 
@@ -493,6 +499,12 @@ def _improved(problem: Problem, best: _Candidate, budget: Budget, mode: str) -> 
             after = evaluate(swapped, problem.cost, problem.costs)
             if after.step_s < evaluation.step_s:
                 layout, evaluation = swapped, after
+    if evaluation.step_s > best.lower_bound_s:
+        sized = resized(problem, layout)
+        if sized is not layout:
+            after = evaluate(sized, problem.cost, problem.costs)
+            if after.step_s < evaluation.step_s:
+                layout, evaluation = sized, after
     return _Candidate(layout, evaluation, best.lower_bound_s, searched=True)
 
 

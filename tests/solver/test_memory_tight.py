@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from solver.node_packing import _first_fit_decreasing, _lpt, pack_by_nodes, segments_fit
+from solver.node_packing import _first_fit_decreasing, lpt_bins, pack_by_nodes, segments_fit
 from solver.planner import plan
 from solver.problem import Problem
 from solver.schema import PlanRequest
@@ -48,7 +48,7 @@ def test_a_full_parent_is_packed_by_nodes_to_the_token() -> None:
     assert sum(problem.tokens[s] for s in full) == CAP - 50
     node_cap = problem.capacity(8)
     assert _first_fit_decreasing(problem, full, 4, node_cap) is None
-    assert _lpt(problem, full, 4, 8, node_cap) is None
+    assert lpt_bins(problem, full, 4, 8, node_cap) is None
     assert not segments_fit(problem, 32, full)  # the membership stage still makes room
     packed = pack_by_nodes(problem, 32, 32, full)
     assert packed is not None

@@ -261,6 +261,9 @@ HUNTED = [
     # every parent unrepacked and balanced by exact time beats every repacked membership.
     ("hunt-8x2-parents-4-8-2-2.json", ("repack+parent",)),  # +1.35%
     ("hunt-8x2-parents-4-8-4.json", ("repack+parent",)),  # +0.27%
+    # One 8-rank parent on two 4-GPU nodes at 99% of memory: a child of 4 on one node for its
+    # lower busiest rank, though the other node's children of 2 set the parent's anyway.
+    ("hunt-2x4-child-sizes-per-node.json", ("repack", "repack+parent")),  # +0.40%
 ]
 
 
