@@ -311,7 +311,8 @@ class NodeSeed:
             if b.tokens > self.p.capacity(b.ranks):
                 b.packed = None  # over the node's memory: no children hold it
             else:
-                b.packed = children_of_segment(self.p, b.start, b.ranks, b.samples, size)
+                floor = ceil_div(self._parent_tokens(b.parent), size)
+                b.packed = children_of_segment(self.p, b.start, b.ranks, b.samples, size, floor)
                 self.work += len(b.samples)
             b.fresh = True
         return b.packed

@@ -113,10 +113,23 @@ def unplaced_tokens(problem: Problem, size: int, members: Sequence[int]) -> int:
 
 
 def children_of_segment(
-    problem: Problem, start: int, seg: int, members: list[int], parent_size: int
+    problem: Problem,
+    start: int,
+    seg: int,
+    members: list[int],
+    parent_size: int,
+    busiest_floor: int = 0,
 ) -> tuple[list[Child], float, int] | None:
     """Fastest uniform child size for one segment: ``(children, sparse-layer time, busiest
-    rank's tokens)``; the proxy weighs time and tokens as the parent's step does."""
+    rank's tokens)``; the proxy weighs time and tokens as the parent's step does.
+
+    ``busiest_floor``: tokens the parent's busiest rank holds whatever this segment does (its
+    tokens over its ranks, rounded up). The full layers wait for the parent's busiest rank, so
+    a segment's busiest rank below that floor saves nothing: a memory-tight 32-rank parent
+    gave the node holding its longest sample one child of 4 (a busiest rank 1% lower than
+    two children of 2, the other nodes' full ranks set the parent's anyway) for 3% slower
+    sparse layers, and the moves then balanced against that node (0.27% behind the tests'
+    reference heuristic)."""
     cost = problem.cost
     full_tok = cost.full_layers * (
         cost.linear_seconds_per_token + cost.a2a_seconds_per_token(parent_size)
@@ -134,7 +147,7 @@ def children_of_segment(
             child_layer_seconds(cost, k, sp, tok) for sp, tok in zip(sparse, tokens, strict=True)
         )
         m = ceil_div(max(tokens), k)
-        score = cost.sparse_layers * z + m * full_tok
+        score = cost.sparse_layers * z + max(m, busiest_floor) * full_tok
         if best is None or score < best[0]:
             kids = [Child(start + i * k, k, tuple(g)) for i, g in enumerate(groups)]
             best = (score, kids, z, m)
@@ -174,8 +187,9 @@ def _parent_from_segments(
     cost = problem.cost
     children: list[Child] = []
     z, m = 0.0, 0
+    floor = ceil_div(sum(problem.tokens[s] for g in assign for s in g), size)
     for b, group in enumerate(assign):
-        made = children_of_segment(problem, start + b * seg, seg, group, size)
+        made = children_of_segment(problem, start + b * seg, seg, group, size, floor)
         if made is None:
             return None
         kids, zb, mb = made

@@ -264,6 +264,10 @@ HUNTED = [
     # One 8-rank parent on two 4-GPU nodes at 99% of memory: a child of 4 on one node for its
     # lower busiest rank, though the other node's children of 2 set the parent's anyway.
     ("hunt-2x4-child-sizes-per-node.json", ("repack", "repack+parent")),  # +0.40%
+    # One 32-rank parent on eight 4-GPU nodes at 99% of memory, one sample longer than a rank:
+    # the node with it chose one child of 4 over two of 2 for its lower busiest rank, though
+    # the other nodes' full ranks set the parent's; the moves then balanced the wrong nodes.
+    ("hunt-8x4-one-parent-memory-tight.json", ("repack", "repack+parent")),  # +0.27%
 ]
 
 
