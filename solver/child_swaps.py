@@ -13,6 +13,12 @@ parent is one child as wide as the parent and trades samples like any other: unt
 2026-12-03 those wider than a rank were left out, and a critical parent holding the longest
 sample unrepacked ended the search 0.15% behind the reference (16 GPUs, eight 2-rank parents,
 ``tests/solver/data/flat-16gpu-111.json``).
+
+When no exchange lowers the critical parent, plateau moves inside it (``_Swaps._flatten``)
+trade a sample of its slowest or busiest child for nothing, one shorter sample or a set of
+short ones of about its length, keeping the parent's time and lowering a balance potential,
+until an improving exchange appears again (since 2026-12-03: several children level at the
+top, every rank at the same tokens, is where a long-with-long packing stops).
 """
 
 from __future__ import annotations
@@ -223,7 +229,107 @@ class _Swaps:
                         return True
                     if self.tries >= limit:
                         return False
+        return self._flatten(c, limit)
+
+    def _flatten(self, c: int, limit: int) -> bool:
+        """A plateau move inside the critical parent ``c``, when no exchange makes it faster:
+        a sample of its slowest child or of its busiest rank's child goes to another of its
+        children alone, for one shorter sample, or for a set of shorter ones about as long
+        (``_partners``), keeping the parent's time and lowering its balance potential
+        (``_potential``).
+
+        The parent's time is a maximum over its children (sparse seconds) and ranks
+        (tokens), so when several are level at the top no single exchange lowers it: a
+        parent whose children had been packed long-with-long stopped there (one 8-rank
+        parent of 2-GPU nodes, 0.70% behind the tests' reference heuristic, every rank at
+        the same tokens). Trading a medium sample for many short ones of the same length
+        keeps the busiest rank and moves sparse work, shorter samples costing less per
+        token; once every child at the top is lower, an improving exchange follows. The
+        potential only falls, so these moves end."""
+        p, kids = self.p, self.pars[c].kids
+        secs, busy = self.cache[c][0], self.cache[c][1]
+        now = self.times[c]
+        slowest = max(range(len(kids)), key=lambda i: (secs[i], -i))
+        busiest = max(range(len(kids)), key=lambda i: (busy[i], -i))
+        receivers = sorted(range(len(kids)), key=lambda i: (secs[i], i))
+        for ci in dict.fromkeys((slowest, busiest)):
+            for a in self._ordered(c, ci):
+                sa, ta = p.sparse_s[a], p.tokens[a]
+                for di in receivers:
+                    if di == ci:
+                        continue
+                    for given in self._partners(c, ci, di, a):
+                        if self.tries >= limit:
+                            return False
+                        self.tries += 1
+                        s_in = sum(p.sparse_s[b] for b in given)
+                        t_in = sum(p.tokens[b] for b in given)
+                        changes = {ci: (s_in - sa, t_in - ta), di: (sa - s_in, ta - t_in)}
+                        if self._potential(c, changes) >= -IMPROVEMENT:
+                            continue
+                        if self._time(c, changes) <= now:
+                            self._commit(c, ci, a, c, di, None)
+                            for b in given:
+                                self._commit(c, di, b, c, ci, None)
+                            return True
         return False
+
+    def _partners(self, c: int, ci: int, di: int, a: int) -> list[tuple[int, ...]]:
+        """What child ``di`` of parent ``c`` can give back for ``a`` of child ``ci`` within
+        memory on both sides: nothing, one shorter sample, or a set of its shorter samples
+        about as long as ``a`` that keeps both children's busiest ranks where they are (its
+        shortest first, the rest filled from the longest that fit): the one-for-many
+        exchange that single swaps cannot make."""
+        p = self.p
+        kids = self.pars[c].kids
+        src, dst = kids[ci], kids[di]
+        ta = p.tokens[a]
+        dst_room = p.capacity(dst.size) - dst.tokens - ta
+        src_room = p.capacity(src.size) - src.tokens + ta
+        samples, lengths = self._by_tokens(c, di)
+        found: list[tuple[int, ...]] = [()] if dst_room >= 0 else []
+        lo = bisect.bisect_left(lengths, -dst_room)
+        hi = min(bisect.bisect_right(lengths, src_room), bisect.bisect_left(lengths, ta))
+        found.extend((b,) for b in samples[lo:hi])
+        # a set: between what keeps ``di``'s busiest rank (and memory) and what ``ci`` can take
+        level = max(self.cache[c][1]) if self.cache[c][1] else 0
+        least = max(ta - (level * dst.size - dst.tokens), -dst_room, 0)
+        most = min(ta + max(level * src.size - src.tokens, 0), src_room)
+        shorter = samples[:hi]
+        given: list[int] = []
+        total = 0
+        for b in shorter:  # shortest first: the least sparse work per token
+            if total + p.tokens[b] > most:
+                break
+            given.append(b)
+            total += p.tokens[b]
+        for b in reversed(shorter[len(given) :]):  # then the longest that still fit
+            if total + p.tokens[b] <= most:
+                given.append(b)
+                total += p.tokens[b]
+        if len(given) >= 2 and total >= least:
+            found.append(tuple(given))
+        return found
+
+    def _potential(self, c: int, changes: dict[int, tuple[float, int]]) -> float:
+        """Change of parent ``c``'s balance potential under ``changes``: the sum over its
+        ranks of the squares of their sparse and full-layer token seconds, relative to the
+        parent's time. It falls when work goes from a loaded child to a lighter one that
+        stays below it, and breaks the ties of the parent's maximum."""
+        cost, par = self.p.cost, self.pars[c]
+        per_token = cost.full_layers * cost.token_seconds(par.size)
+        scale = self.times[c] ** 2
+        delta = 0.0
+        for i, (ds, dt) in changes.items():
+            kid = par.kids[i]
+            for sparse, tokens, sign in (
+                (kid.sparse_s + ds, kid.tokens + dt, 1.0),
+                (kid.sparse_s, kid.tokens, -1.0),
+            ):
+                sec = cost.sparse_layers * child_layer_seconds(cost, kid.size, sparse, tokens)
+                full = per_token * ceil_div(tokens, kid.size)
+                delta += sign * kid.size * (sec * sec + full * full) / scale
+        return delta
 
     def _try_child(
         self, c: int, ci: int, a: int, q: int, di: int, target: float, limit: int

@@ -124,3 +124,42 @@ def test_galloping_partner_search_swaps_as_a_scan_of_every_partner(
     fast = run_all(_Swaps(problem, layout))
     assert fast != layout  # there is something to swap
     assert fast == run_all(ScanSwaps(problem, layout))
+
+
+def level_parent() -> tuple[Problem, Layout]:
+    """One 4-rank parent, four children of one rank at the same tokens: two hold two samples
+    longer than the sparse window each, two hold 16 short ones each. Every rank is the
+    busiest and both long children are the slowest, so no single move or one-for-one swap
+    lowers the parent: each raises some rank's tokens or leaves the other long child at the
+    top."""
+    long, short = 16384, 2048
+    lengths = [long] * 4 + [short] * 32
+    request = PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "max_tokens_per_rank": 40000},
+            "model": {"sparse_window": 4096},
+            "lengths": lengths,
+            "parent_sizes": [4],
+            "parent_of": [0] * len(lengths),
+        }
+    )
+    problem = Problem.from_request(request)
+    groups = [(0, 1), (2, 3), tuple(range(4, 20)), tuple(range(20, 36))]
+    kids = tuple(Child(i, 1, g) for i, g in enumerate(groups))
+    return problem, (Parent(0, 4, kids),)
+
+
+def test_level_children_trade_a_long_sample_for_many_short_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problem, layout = level_parent()
+    before = evaluate(layout, problem.cost, problem.costs).step_s
+    swapped = swap_children(problem, layout, Budget(60_000), within=True)
+    after = evaluate(swapped, problem.cost, problem.costs).step_s
+    assert after < before * (1 - 1e-4)
+    for child in swapped[0].children:  # the long samples now share children with short ones
+        assert sum(problem.tokens[s] for s in child.samples) <= problem.capacity(child.size)
+        assert sum(1 for s in child.samples if s < 4) == 1
+    # without the plateau moves nothing changes: the exchange is what the test is about
+    monkeypatch.setattr(_Swaps, "_flatten", lambda self, c, limit: False)
+    assert swap_children(problem, layout, Budget(60_000), within=True) == layout
