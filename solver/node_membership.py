@@ -66,6 +66,19 @@ where `repack`, `repack+parent`, `repack+sizing` or `sizing` ended 0.1-1.2% behi
 reference heuristic, the second seed closed 14 of the 17 the child swaps left. The 64-GPU
 steps (~5,500 pairs) keep one seed: their latency target."""
 
+TWO_RULE_PAIRS = 3_000
+"""Requests above ``SECOND_SEED_PAIRS`` and up to this many pairs (32 GPUs of 4-GPU nodes
+with 250-375 samples) run both LPT rules with the edits' moves, each at ``TWO_RULE_SHARE`` of
+the move work, and a fixed membership (mode ``repack``) moves by re-packing both bins. With
+one rule, 7 of 80 packed steps of four 8-rank parents (90-99% of memory, pattern FFS, 16
+heads) ended 0.15-0.51% behind the tests' reference heuristic; with these none beyond its 0.1%
+tolerance (worst +0.10%), at about the same CPU. The 64-GPU bench steps (~3,200 pairs) and
+packed steps (~5,500) stay above."""
+
+TWO_RULE_SHARE = 0.5
+"""Half the move work each: the two seeds cost what one did (the full share each: one of
+the seven steps still 0.20% behind, ~+20% CPU)."""
+
 EXACT_FIRST_SHARE = 0.5
 """Share of the move work of a seed whose moves re-pack from the first on (``node_seeds``): on
 ``repack bench --sizes 16:50 --work-only`` half gave the same plans' quality as the full
@@ -661,11 +674,14 @@ def _max_pairs(problem: Problem, repack: bool) -> int:
     return MAX_TIGHT_PAIRS if problem.fill >= TIGHT_FILL else MAX_PAIRS
 
 
+def _pairs(problem: Problem, sizes: Sequence[int]) -> int:
+    return problem.num_samples * sum(-(-size // problem.cost.gpus_per_node) for size in sizes)
+
+
 def small_request(problem: Problem, sizes: Sequence[int]) -> bool:
     """At most ``SECOND_SEED_PAIRS`` (sample x node-bin) pairs: small enough for the extra
     seeds a latency target at 64 GPUs cannot afford."""
-    pairs = problem.num_samples * sum(-(-size // problem.cost.gpus_per_node) for size in sizes)
-    return pairs <= SECOND_SEED_PAIRS
+    return _pairs(problem, sizes) <= SECOND_SEED_PAIRS
 
 
 def node_seed(
@@ -691,7 +707,8 @@ def node_seeds(
     fixed: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[list[list[int]], tuple[Parent, ...]]]:
     """Every layout ``node_seed`` chooses from. Small requests run the stage twice, from two
-    LPT rules (``SECOND_SEED_PAIRS``).
+    LPT rules (``SECOND_SEED_PAIRS``); a little larger ones too, at half the move work each
+    (``TWO_RULE_PAIRS``).
 
     Repacked, small requests also run both rules with moves that re-pack both bins from the
     first move on, as the tests' reference heuristic does (``EXACT_FIRST_SHARE`` of the work
@@ -702,8 +719,14 @@ def node_seeds(
     sizes: 0.23% behind, 0.20% ahead)."""
     if clock is not None and clock.expired():
         return []
-    first = _seeded(problem, sizes, clock, repack, fixed, by_work=False)
+    medium = not small_request(problem, sizes) and _pairs(problem, sizes) <= TWO_RULE_PAIRS
+    share = TWO_RULE_SHARE if medium and fixed is None else 1.0
+    first = _seeded(problem, sizes, clock, repack, fixed, by_work=False, share=share)
     found = [] if first is None else [first]
+    if medium and not (clock is not None and clock.expired()):
+        other = _seeded(problem, sizes, clock, repack, fixed, by_work=True, share=share)
+        if other is not None:
+            found.append(other)
     if not small_request(problem, sizes):
         return found
     variants = [(True, False)]
@@ -730,16 +753,19 @@ def _seeded(
     fixed: Sequence[Sequence[int]] | None,
     by_work: bool,
     exact_first: bool = False,
+    share: float = 1.0,
 ) -> tuple[list[list[int]], tuple[Parent, ...]] | None:
     seed = NodeSeed(problem, sizes, repack, by_work)
     pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
     if pairs > _max_pairs(problem, repack):
         return None
-    seed.exact_moves = (fixed is not None or exact_first) and pairs <= SECOND_SEED_PAIRS
+    seed.exact_moves = (fixed is not None and pairs <= TWO_RULE_PAIRS) or (
+        exact_first and pairs <= SECOND_SEED_PAIRS
+    )
     seed.exact = exact_first and seed.exact_moves
     if clock is not None:  # the request's deterministic work budget
         scale = min(MAX_WORK_SCALE, max(1.0, pairs / WORK_PAIRS))
-        share = EXACT_FIRST_SHARE if exact_first else 1.0
+        share = EXACT_FIRST_SHARE if exact_first else share
         seed.move_work = clock.move_evals(round(MOVE_WORK * scale * share))
     if not seed.place(fixed):
         return None

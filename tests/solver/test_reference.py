@@ -280,7 +280,32 @@ HUNTED = [
     # level at the step time after the moves with edits; re-packing moves from LPT by work
     # end below the reference (which keeps one 4-rank parent unrepacked).
     ("hunt-8x8-mixed-sizes-61.json", ("repack+parent",)),  # +0.23%
+    # 32 GPUs of 4-GPU nodes, four 8-rank parents packed to 90% (FFS, 16 heads), 287 / 322
+    # samples: just above the small requests' 2,000 pairs, one LPT rule alone; both rules at
+    # half the move work each, and re-packing moves for a fixed membership, up to 3,000 pairs.
+    ("hunt-8x4-four-parents-8-39.json", ("repack+parent", "repack+sizing")),  # +0.51%
+    ("hunt-8x4-four-parents-8-32.json", ("repack",)),  # +0.15%
 ]
+
+
+OPEN = [
+    # 32 GPUs of 4-GPU nodes, two 16-rank parents at 99% of memory (pattern FS, 64 heads, 8 kv
+    # heads), 369 samples, mode ``repack``: the reference runs the critical parent's last node
+    # as four children of 1 rank (each 32,717-32,766 of 32,768 tokens); the planner keeps two
+    # children of 2, +0.18%. Needs a per-node re-size that finds 1-rank packings that tight.
+    ("hunt-8x4-two-parents-16-node-of-ones.json", ("repack",)),  # +0.18%
+]
+
+
+@pytest.mark.xfail(strict=True, reason="open hunt finding: see OPEN")
+@pytest.mark.parametrize(("name", "modes"), OPEN)
+def test_open_hunt_findings_are_still_behind_the_reference(
+    name: str, modes: tuple[str, ...]
+) -> None:
+    """Known steps where a mode still ends behind the reference by more than the tolerance,
+    kept so that a fix shows up (the strict xfail then fails and the entry moves to
+    ``HUNTED``)."""
+    test_packed_steps_of_small_clusters_are_not_beaten_by_the_reference(name, modes)
 
 
 @pytest.mark.parametrize(("name", "modes"), HUNTED)
