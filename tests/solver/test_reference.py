@@ -294,6 +294,17 @@ OPEN = [
     # as four children of 1 rank (each 32,717-32,766 of 32,768 tokens); the planner keeps two
     # children of 2, +0.18%. Needs a per-node re-size that finds 1-rank packings that tight.
     ("hunt-8x4-two-parents-16-node-of-ones.json", ("repack",)),  # +0.18%
+    # The same cluster and parents, 357 samples at 98.6%: the critical parent's children
+    # level at the top (one child of 4, two nodes of children of 2, each within 0.01 ms),
+    # where the reference runs three nodes as children of 1; no single move lowers the
+    # parent. +0.16% with every node-stage seed of the small requests.
+    ("hunt-8x4-two-parents-16-node-of-four.json", ("repack",)),  # +0.64%
+    # 32 GPUs of 2-GPU nodes, four 8-rank parents at 94.6% (FFS, 32
+    # heads), 310 samples (4,960 pairs): fixed by every node-stage seed of the small requests
+    # (-0.00%) at twice mode ``repack``'s CPU, which the 64-GPU packed steps cannot afford.
+    ("hunt-16x2-parents-8.json", ("repack",)),  # +0.42%
+    # 32 GPUs of 8-GPU nodes, two 16-rank parents at 89.7% (FSSS, window 1,024), 282 samples.
+    ("hunt-4x8-two-parents-16.json", ("repack+parent",)),  # +0.14%
 ]
 
 
