@@ -49,6 +49,11 @@ def _rank_main(
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        # Every rank's mesh is up before any rank goes on: a rank whose ``fn`` returns at once
+        # exits and closes its sockets, and a peer still inside gloo's connectFullMesh then
+        # fails with "Connection closed by peer" (seen once in CI on a 4-rank test whose
+        # ``fn`` makes no collective call).
+        dist.barrier()
         payload = fn(rank, world_size, *args)
     except BaseException:
         status, payload = "error", traceback.format_exc()
