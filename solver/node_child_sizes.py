@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
 from solver.layout import Child, Layout, Parent, parent_time
-from solver.node_packing import lpt_bins
+from solver.node_packing import packed_children
 from solver.problem import Problem
 
 ROUNDS = 3
@@ -102,7 +102,7 @@ def _options(problem: Problem, parent_size: int, kids: list[Child]) -> list[_Opt
     for k in problem.child_sizes:
         if k > ranks or k >= parent_size or ranks % k:
             continue
-        packed = lpt_bins(problem, members, ranks // k, k, problem.capacity(k))
+        packed = packed_children(problem, members, ranks // k, k)
         if packed is None:
             continue
         groups, tokens, sparse = packed

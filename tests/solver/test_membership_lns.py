@@ -28,10 +28,11 @@ NODE_STEP = 43
 model to re-choose (step 32 until the node stage's LPT counted full attention: its pipeline
 layout changed and has no such node any more)."""
 
-LNS_STEP = 55
-"""A packed step (eight 8-rank parents) where the LNS takes ~2% off the greedy pipeline's
-layout. It was step 69 until the node stage's LPT counted full attention: that pipeline alone
-now gets within 0.6% of the LNS result there."""
+LNS_STEP = 33
+"""A packed step where the LNS takes ~1.7% off the greedy pipeline's layout. It was step 69
+until the node stage's LPT counted full attention, then step 55 until children narrower than a
+node could be filled to the token (``node_packing.packed_children``): the greedy pipeline alone
+now gets within 0.8% of the LNS result there."""
 
 
 def packed_step(index: int, mode: str = "repack+parent") -> PlanRequest:

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from solver.node_packing import _first_fit_decreasing, lpt_bins, pack_by_nodes, segments_fit
+from solver.cost_model import child_layer_seconds
+from solver.node_packing import (
+    _first_fit_decreasing,
+    children_of_segment,
+    lpt_bins,
+    pack_by_nodes,
+    packed_children,
+    segments_fit,
+)
 from solver.planner import plan
 from solver.problem import Problem
 from solver.schema import PlanRequest
@@ -147,3 +155,38 @@ def test_a_loader_step_without_parent_of_is_planned_when_memory_is_full(seed: in
     for mode in ("baseline", "repack+parent", "repack+sizing"):
         p = plan(req.model_copy(update={"mode": mode}), deadline_ms=60_000)
         assert validate_plan(req, p) == []
+
+
+def test_a_node_full_to_the_token_still_gets_children_of_one_rank() -> None:
+    """One 8-GPU node of a 16-rank parent holding 8 x 32,768 tokens less 40: LPT by work finds
+    no packing into children narrower than the node, so until children were filled by subset
+    sums the node ran as one child of 8, paying its all-to-all on every sparse layer. The
+    children of 1 are faster, hold every sample once and stay within memory."""
+    rng = random.Random(7)
+    raw = [rng.randint(500, 6000) for _ in range(90)]
+    target = 8 * 32768 - 40
+    node = [max(1, int(x * target / sum(raw))) for x in raw]
+    node[0] += target - sum(node)
+    other = [rng.randint(500, 6000) for _ in range(40)]
+    req = PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": 2},
+            "lengths": node + other,
+            "parent_sizes": [16],
+            "parent_of": [0] * (len(node) + len(other)),
+        }
+    )
+    problem = Problem.from_request(req)
+    members = list(range(len(node)))
+    assert lpt_bins(problem, members, 8, 1, problem.capacity(1)) is None
+    packed = packed_children(problem, members, 8, 1)
+    assert packed is not None
+    groups, tokens, _ = packed
+    assert sorted(s for g in groups for s in g) == members
+    assert all(t <= 32768 for t in tokens)
+    made = children_of_segment(problem, 0, 8, members, 16, 0)
+    assert made is not None
+    kids, z, _ = made
+    assert max(c.size for c in kids) < 8
+    wide = child_layer_seconds(problem.cost, 8, sum(problem.sparse_s[s] for s in members), target)
+    assert z < wide
