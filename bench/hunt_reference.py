@@ -116,9 +116,43 @@ def four_parents_8x4(seed: int) -> PlanRequest:
     )
 
 
+def wide_packed(nodes: int, gpus: int, sizes: list[int]) -> Callable[[int], PlanRequest]:
+    """A family of packed steps on ``nodes x gpus`` GPUs with the loader's ``sizes`` (parents
+    of 8-32 ranks at 90-99% of memory: the 2026-12-03 night's last slice, where the hunted
+    steps of ``OPEN`` in the tests came from), other patterns, heads and windows per seed."""
+
+    def make(seed: int) -> PlanRequest:
+        rng = random.Random(seed)
+        heads = rng.choice(HEADS)
+        kv = rng.choice([k for k in (8, 16, heads) if k <= heads])
+        fill = rng.choice([0.9, 0.95, 0.99])
+        share = rng.choice([0.0, 0.3, 0.45, 0.6, 0.8])
+        lengths, parent_of = _packed(rng, sizes, 32768, share, fill)
+        model = {
+            "heads": heads,
+            "kv_heads": kv,
+            "pattern": rng.choice(PATTERNS),
+            "sparse_window": rng.choice(WINDOWS),
+        }
+        return PlanRequest.model_validate(
+            {
+                "cluster": {"nodes": nodes, "gpus_per_node": gpus, "max_tokens_per_rank": 32768},
+                "model": model,
+                "lengths": lengths,
+                "parent_sizes": sizes,
+                "parent_of": parent_of,
+            }
+        )
+
+    return make
+
+
 FAMILIES: dict[str, Callable[[int], PlanRequest]] = {
     "mixed": request_for,
     "four-parents-8x4": four_parents_8x4,
+    "two-parents-16-8x4": wide_packed(8, 4, [16, 16]),
+    "four-parents-8-16x2": wide_packed(16, 2, [8, 8, 8, 8]),
+    "two-parents-16-4x8": wide_packed(4, 8, [16, 16]),
 }
 
 
