@@ -34,6 +34,7 @@ from solver.budget import Budget
 from solver.cost_model import child_layer_seconds, parent_seconds
 from solver.joint_model import JointModel, Neighbourhood, freed_samples, node_of, unsplit
 from solver.layout import Child, Layout, LayoutEval, Parent, evaluate
+from solver.node_membership import TIGHT_FILL
 from solver.problem import Problem
 
 MOVE_SECONDS = 0.0015
@@ -67,6 +68,22 @@ margin kept (wide steps -17.16% -> -17.20%, mean of per-step changes; CPU +10%).
 ``repack+sizing`` (the service's default mode) stays at 1x: 6x gained 0.1-0.2 points there
 and doubled the service's CPU per plan (in-process p50 26 -> 55 ms, answers/s at 8 loaders
 67 -> 27)."""
+
+TIGHT_SEARCH_SCALE = {"repack+parent": 5.0, "repack+sizing": 5.0}
+"""``SEARCH_SCALE`` for memory-tight steps (``node_membership.TIGHT_FILL``: a packing loader's).
+There the LNS is a small part of ``repack+sizing``'s CPU (the tilings' fills and node stages
+are most of it) and buys more: measured 2026-12-03 (after children filled to the token), 1x /
+3x / 5x gave -26.2 / -26.3 / -26.4% on 30 packed 64-GPU steps of 16-rank loader parents
+(median gap 4.04 / 3.83 / 3.49%), p99 573 / 524 / 543 ms, and on the packed scenario's wide
+steps 5844.3 -> 5839.4 ms (p99 657 -> 646 ms: within noise). On ``repack bench``'s 60%-fill
+64-GPU steps 5x took p50 61 -> 99 ms, p99 107 -> 169 ms for -10.96 -> -11.00%: those keep 1x."""
+
+
+def search_scale(problem: Problem, mode: str) -> float:
+    """The LNS budget's multiple for ``mode`` on this request."""
+    table = TIGHT_SEARCH_SCALE if problem.fill >= TIGHT_FILL else SEARCH_SCALE
+    return table[mode]
+
 
 MIN_GAIN = 1e-5
 """Relative step-time gain a move must bring to be taken. Smaller gains used the budget up:

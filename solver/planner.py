@@ -33,7 +33,7 @@ from solver.children import (
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
-from solver.membership_lns import SEARCH_SCALE, improve, searches
+from solver.membership_lns import improve, search_scale, searches
 from solver.node_child_sizes import resized
 from solver.node_membership import node_seed, node_seeds, small_request
 from solver.parent_packer import ParentPacker, SizedMembership
@@ -506,12 +506,17 @@ def _faster_candidate(best: _Candidate, other: _Candidate | None, bound: float) 
 
 def _improved(problem: Problem, best: _Candidate, budget: Budget, mode: str) -> _Candidate:
     """The pipeline's layout improved by LNS on the joint model (``membership_lns``, with the
-    mode's ``SEARCH_SCALE``), then by sample swaps between children (``child_swaps``: what
+    mode's ``search_scale``), then by sample swaps between children (``child_swaps``: what
     memory-full children still allow); same bound, since the bound holds for any membership."""
     if best.searched:
         return best
     lns = improve(
-        problem, best.layout, best.evaluation, budget, best.lower_bound_s, SEARCH_SCALE[mode]
+        problem,
+        best.layout,
+        best.evaluation,
+        budget,
+        best.lower_bound_s,
+        search_scale(problem, mode),
     )
     layout, evaluation = lns.layout, lns.evaluation
     # At its lower bound no swap can make the step faster (at 1,024 GPUs `repack+parent` ends
