@@ -298,6 +298,11 @@ HUNTED = [
     # 16-rank one, every empty parent tied on its load before the sample); by the load with
     # it, the 32-rank parent.
     ("hunt-8x8-parents-16-16-32.json", ("repack+parent",)),  # +2.05%
+    # 32 GPUs of 4-GPU nodes, a loader's sizes [4, 4, 2, 2, 2, 2, 8, 8] at 98.9%, 315 samples
+    # (3,150 pairs, just above ``TWO_RULE_PAIRS``): LPT with full attention gave the longest
+    # sample (2.4 ranks' worth) to an 8-rank parent, which then was the critical one; LPT by
+    # work alone gives it a 4-rank one, as the reference does (``MIXED_TWO_RULE_PAIRS``).
+    ("hunt-8x4-mixed-sizes-4-4-2-2-2-2-8-8.json", ("repack+parent",)),  # +1.66%
 ]
 
 
@@ -308,6 +313,8 @@ OPEN = [
     ("hunt-16x2-parents-8.json", ("repack",)),  # +0.42%
     # 32 GPUs of 8-GPU nodes, two 16-rank parents at 89.7% (FSSS, window 1,024), 282 samples.
     ("hunt-4x8-two-parents-16.json", ("repack+parent",)),  # +0.14%
+    # 32 GPUs of 8-GPU nodes, 75 samples unpacked, sizes derived (2026-12-03 evening hunt).
+    ("hunt-4x8-unpacked-75.json", ("repack+parent",)),  # +0.11%
 ]
 
 
