@@ -303,25 +303,28 @@ HUNTED = [
     # sample (2.4 ranks' worth) to an 8-rank parent, which then was the critical one; LPT by
     # work alone gives it a 4-rank one, as the reference does (``MIXED_TWO_RULE_PAIRS``).
     ("hunt-8x4-mixed-sizes-4-4-2-2-2-2-8-8.json", ("repack+parent",)),  # +1.66%
+    # Mode ``repack`` on requests above the small ones kept only the faster of the polished
+    # children and the node stage's best seed *before* the child swaps and per-node sizes,
+    # and the other one was ahead after them; both are finished now (``_fixed_best``).
+    # 32 GPUs of 2-GPU nodes, four 8-rank parents at 94.6% (FFS, 32 heads), 310 samples: the
+    # seed was ahead before (6468.0 vs 6474.8 ms), the polished children after (6405.9 vs
+    # 6433.0 ms; the reference 6406.0 ms).
+    ("hunt-16x2-parents-8.json", ("repack",)),  # +0.42%
+    # 32 GPUs of 4-GPU nodes, two 16-rank parents at 94% (FSSS, 64 heads), 341 samples: the
+    # polished children (7273.5 ms) kept the long samples on nodes 0-1 of the critical parent,
+    # level at the top, where no swap lowers it; the node stage's seeds (7415.6 / 7419.3 ms,
+    # long samples spread over the nodes, as the reference's LPT onto nodes) finish at
+    # 7232.4 / 7230.7 ms (the reference 7245.9 ms). (bench/hunt_reference.py --family
+    # two-parents-16-8x4, seed 129.)
+    ("hunt-8x4-two-parents-16-129.json", ("repack",)),  # +0.37%
 ]
 
 
 OPEN = [
-    # 32 GPUs of 2-GPU nodes, four 8-rank parents at 94.6% (FFS, 32
-    # heads), 310 samples (4,960 pairs): fixed by every node-stage seed of the small requests
-    # (-0.00%) at twice mode ``repack``'s CPU, which the 64-GPU packed steps cannot afford.
-    ("hunt-16x2-parents-8.json", ("repack",)),  # +0.42%
     # 32 GPUs of 8-GPU nodes, two 16-rank parents at 89.7% (FSSS, window 1,024), 282 samples.
     ("hunt-4x8-two-parents-16.json", ("repack+parent",)),  # +0.14%
     # 32 GPUs of 8-GPU nodes, 75 samples unpacked, sizes derived (2026-12-03 evening hunt).
     ("hunt-4x8-unpacked-75.json", ("repack+parent",)),  # +0.11%
-    # 32 GPUs of 4-GPU nodes, two 16-rank parents at 94% (FSSS, 64 heads), 341 samples, mode
-    # ``repack``: the critical parent's nodes 0-1 hold its long samples (27k-token ones alone
-    # in children of 1, eight children level at the top), nodes 2-3 the short ones, full; no
-    # exchange of the child swaps lowers it (a long sample makes any short child the slowest),
-    # where the reference runs node 0 as two children of 2. (bench/hunt_reference.py
-    # --family two-parents-16-8x4, seed 129; as far behind before 2026-12-03 evening.)
-    ("hunt-8x4-two-parents-16-129.json", ("repack",)),  # +0.37%
 ]
 
 
