@@ -325,6 +325,11 @@ OPEN = [
     ("hunt-4x8-two-parents-16.json", ("repack+parent",)),  # +0.14%
     # 32 GPUs of 8-GPU nodes, 75 samples unpacked, sizes derived (2026-12-03 evening hunt).
     ("hunt-4x8-unpacked-75.json", ("repack+parent",)),  # +0.11%
+    # 32 GPUs of 4-GPU nodes, two 16-rank parents at 94% (FSSS), 330 samples (2026-12-04,
+    # bench/hunt_reference.py --family two-parents-16-8x4, seed 238; 1 of 40): both parents
+    # level at the top in children of 1 rank, ours with the long samples on a few ranks and
+    # the short ones on others, the reference one long and ten medium samples per rank.
+    ("hunt-8x4-two-parents-16-238.json", ("repack+parent",)),  # +0.115%
 ]
 
 
