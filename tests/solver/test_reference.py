@@ -330,6 +330,10 @@ OPEN = [
     # level at the top in children of 1 rank, ours with the long samples on a few ranks and
     # the short ones on others, the reference one long and ten medium samples per rank.
     ("hunt-8x4-two-parents-16-238.json", ("repack+parent",)),  # +0.115%
+    # 32 GPUs of 8-GPU nodes, two 16-rank parents at 89% (2026-12-04, --family
+    # two-parents-16-4x8, seed 511; 1 of 30, and 0 of 150 new `mixed` requests): the same
+    # level plateau, children of 1 rank with long and short samples apart.
+    ("hunt-4x8-two-parents-16-511.json", ("repack+parent",)),  # +0.166%
 ]
 
 
