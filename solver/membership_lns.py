@@ -69,14 +69,18 @@ margin kept (wide steps -17.16% -> -17.20%, mean of per-step changes; CPU +10%).
 and doubled the service's CPU per plan (in-process p50 26 -> 55 ms, answers/s at 8 loaders
 67 -> 27)."""
 
-TIGHT_SEARCH_SCALE = {"repack+parent": 5.0, "repack+sizing": 5.0}
+TIGHT_SEARCH_SCALE = {"repack+parent": 5.0, "repack+sizing": 2.0}
 """``SEARCH_SCALE`` for memory-tight steps (``node_membership.TIGHT_FILL``: a packing loader's).
 There the LNS is a small part of ``repack+sizing``'s CPU (the tilings' fills and node stages
 are most of it) and buys more: measured 2026-12-03 (after children filled to the token), 1x /
 3x / 5x gave -26.2 / -26.3 / -26.4% on 30 packed 64-GPU steps of 16-rank loader parents
 (median gap 4.04 / 3.83 / 3.49%), p99 573 / 524 / 543 ms, and on the packed scenario's wide
 steps 5844.3 -> 5839.4 ms (p99 657 -> 646 ms: within noise). On ``repack bench``'s 60%-fill
-64-GPU steps 5x took p50 61 -> 99 ms, p99 107 -> 169 ms for -10.96 -> -11.00%: those keep 1x."""
+64-GPU steps 5x took p50 61 -> 99 ms, p99 107 -> 169 ms for -10.96 -> -11.00%: those keep 1x.
+Since 2026-12-04 ``repack+sizing`` searches from every simple tiling's start on these steps
+(``planner._searched_repack_sizing``), each start at this scale: 1x / 2x / 5x gave -26.39 /
+-26.46 / -26.49% on the same 30 steps (median gap 3.49 / 3.49 / 3.47%), p50 227 / 268 / 347 ms
+(two processes on two cores), so 2x."""
 
 
 def search_scale(problem: Problem, mode: str) -> float:

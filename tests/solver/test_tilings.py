@@ -8,6 +8,7 @@ from itertools import islice
 
 import pytest
 
+from solver import planner
 from solver.bounds import aggregate_bound
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
@@ -122,3 +123,18 @@ def test_packed_tilings_beat_lpt_by_current_cost(case: tuple[int, int, int, floa
     assert min(step) < lpt * (1 - 0.005)
     assert all(sorted(s for g in m for s in g) == list(range(problem.num_samples)) for m in found)
 
+
+@pytest.mark.parametrize("case", [(4, 8, 16, 0.0, 3), (8, 8, 8, 0.0, 0)])
+def test_repack_sizing_searches_from_every_tiling_on_packed_steps(
+    case: tuple[int, int, int, float, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On packed steps ``repack+sizing``'s LNS also starts from each simple tiling's best
+    layout: here a start slower before the search ends faster after it (0.4-1.4%)."""
+    request = loader_request(*case).model_copy(
+        update={"mode": "repack+sizing", "deadline_ms": 60_000}
+    )
+    both = plan(request)
+    monkeypatch.setattr(planner, "TIGHT_FILL", 2.0)  # one start only, as on unpacked steps
+    one = plan(request)
+    assert both.metrics.step_time_ms < one.metrics.step_time_ms * (1 - 0.002)
+    assert validate_plan(request, both) == []
