@@ -188,15 +188,22 @@ class _Balancer:
             heaps.setdefault(ld.size, []).append((key(j), j))
         for heap in heaps.values():
             heapq.heapify(heap)
+        # Parents without room for a sample wait here, most room first, with their heap entry:
+        # samples come longest first, so one leaves only for a sample it holds, and every
+        # parent with room is in its heap when a sample is placed (packed steps, where the
+        # cheap parents are the full ones, park many; each is parked once per sample it gets).
+        parked: dict[int, list[tuple[int, tuple[float, int]]]] = {size: [] for size in heaps}
         for s in order:
+            length = self.p.tokens[s]
             best: tuple[float, int, int] | None = None  # (new cost, parent, size)
-            # Parents without room for s leave their heap until s is placed: pushed back at
-            # once, one cheaper than the chosen parent would sit on top of the heap and lose
-            # its entry to the chosen one's (packed steps, where cheap parents are full).
-            full: list[tuple[int, tuple[float, int]]] = []
             for size, heap in heaps.items():
+                waiting = parked[size]
+                while waiting and -waiting[0][0] >= length:
+                    heapq.heappush(heap, heapq.heappop(waiting)[1])
                 while heap and not self.fits(heap[0][1], s):
-                    full.append((size, heapq.heappop(heap)))
+                    item = heapq.heappop(heap)
+                    ld = self.loads[item[1]]
+                    heapq.heappush(waiting, (ld.tokens - ld.capacity, item))
                 if heap:
                     c = key(heap[0][1], s)
                     if best is None or (c, heap[0][1]) < best[:2]:
@@ -210,8 +217,6 @@ class _Balancer:
             c, j, size = best
             heapq.heapreplace(heaps[size], (c, j))
             self.place(j, s)
-            for size, item in full:
-                heapq.heappush(heaps[size], item)
 
     def improve(self, budget: int, clock: Budget | None = None) -> None:
         """Moves and swaps out of the critical parent while one makes it faster."""
