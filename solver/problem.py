@@ -98,6 +98,12 @@ class Problem:
         """Results of pure functions of this problem, keyed by (function name, arguments)."""
         return {}
 
+    @cached_property
+    def packings(self) -> dict[tuple[object, ...], object]:
+        """Node-local child packings by their arguments (``node_packing.packed_children``):
+        several stages of one request pack the same segments."""
+        return {}
+
     def single_choices(self, size: int) -> tuple[tuple[float, int], ...]:
         """Per sample: ``(time, tokens on its busiest rank)`` in the child that
         ``single_bounds`` picks (``(inf, 0)`` if none). Memoised per size: every planner stage
