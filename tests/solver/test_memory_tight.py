@@ -190,3 +190,19 @@ def test_a_node_full_to_the_token_still_gets_children_of_one_rank() -> None:
     assert max(c.size for c in kids) < 8
     wide = child_layer_seconds(problem.cost, 8, sum(problem.sparse_s[s] for s in members), target)
     assert z < wide
+
+
+def test_child_packings_are_memoised_per_request_and_unchanged() -> None:
+    """``packed_children`` answers a repeated call from the request's memo (``Problem.packings``)
+    with what a fresh computation gives."""
+    problem = Problem.from_request(packed_request(5, longest=40_000))
+    node = list(range(problem.num_samples))[: problem.num_samples // 4]
+    order = sorted(node, key=problem.heavy_rank.__getitem__)
+    first = packed_children(problem, order, 8, 1, ordered=True)
+    assert len(problem.packings) == 1
+    again = packed_children(problem, order, 8, 1, ordered=True)
+    assert again is first and len(problem.packings) == 1
+    fresh = Problem.from_request(packed_request(5, longest=40_000))
+    assert packed_children(fresh, order, 8, 1, ordered=True) == first
+    other = packed_children(problem, order, 4, 2, ordered=True)
+    assert len(problem.packings) == 2 and (other is None or other != first)
