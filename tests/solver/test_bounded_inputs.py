@@ -13,7 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from solver.errors import InfeasibleRequestError
+from solver.packing_search import search_packing
 from solver.planner import plan
+from solver.problem import Problem
 from solver.profiles import (
     BANDWIDTH_GBPS_RANGE,
     EFFICIENCY_RANGE,
@@ -182,14 +185,49 @@ def extreme_requests(draw: st.DrawFn) -> PlanRequest:
 @given(extreme_requests())
 def test_every_accepted_request_plans(request: PlanRequest) -> None:
     """No overflow, division by zero or exception anywhere in plan(); the plan is valid and
-    its metrics are finite."""
-    result = plan(request)
+    its metrics are finite. The schema checks each sample against the widest parent and the
+    total against the cluster, not the bin packing: a request whose samples fit no parents
+    at all is refused with ``InfeasibleRequestError`` on ``lengths``, and only then."""
+    try:
+        result = plan(request)
+    except InfeasibleRequestError as err:
+        assert err.field == "lengths"
+        assert not fits_widest_parents(request), f"refused a request that fits: {err}"
+        return
     m = result.metrics
     for value in (m.step_time_ms, m.baseline_step_time_ms, m.speedup, m.mfu, m.baseline_mfu):
         assert math.isfinite(value) and value > 0, m
     assert m.lower_bound_ms is not None and 0 <= m.lower_bound_ms <= m.step_time_ms
     assert m.step_time_ms <= m.baseline_step_time_ms
     assert validate_plan(request, result) == []
+
+
+def fits_widest_parents(request: PlanRequest) -> bool:
+    """Whether the samples fit the widest uniform parents (any aligned tiling's parents merge
+    into those, so no layout holds samples these cannot), by CP-SAT, else not proven."""
+    problem = Problem.from_request(request)
+    widest = max(allowed_parent_sizes(request.cluster, request.model))
+    capacities = [problem.capacity(widest)] * (request.cluster.world_size // widest)
+    return not search_packing(problem, range(problem.num_samples), capacities).proven_infeasible
+
+
+def test_samples_that_fit_no_parents_are_refused_on_lengths() -> None:
+    """Found by the property test: 5 samples of 12 tokens on 64 ranks of 1 token, parents of
+    at most 16 ranks (16 heads): each parent holds one, four parents for five samples."""
+    request = PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 64, "max_tokens_per_rank": 1},
+            "model": {"heads": 16, "kv_heads": 1},
+            "lengths": [12] * 5,
+            "mode": "baseline",
+        }
+    )
+    assert not fits_widest_parents(request)
+    with pytest.raises(InfeasibleRequestError) as err:
+        plan(request)
+    assert err.value.field == "lengths"
+    fitting = request.model_copy(update={"lengths": [12] * 4})
+    assert fits_widest_parents(fitting) and plan(fitting).metrics.step_time_ms > 0
 
 
 def test_idle_ranks_of_wide_nodes_become_allowed_children() -> None:
