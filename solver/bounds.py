@@ -12,7 +12,9 @@ Every bound here is a relaxation of the cost model, never an estimate:
 * ``node memory`` (``node_memory_bound``, reported only): the same one level down, the node of
   that parent holding the longest sample holds what the parent's other nodes cannot;
 * ``slack`` (``slack_bound``, reported only, mode ``sizing``): the parents of the few longest
-  samples share the cluster's free memory, so all of them must be near full.
+  samples share the cluster's free memory, so all of them must be near full;
+* ``repacked slack`` (``repacked_slack_bound``, reported only, mode ``repack+sizing`` on
+  memory-tight steps): the same one level down, the child holding each long sample full.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from solver.cost_model import (
     unrepacked_parent_seconds,
 )
 from solver.membership import single_sample_bound
+from solver.node_membership import TIGHT_FILL
 from solver.node_memory_bound import node_memory_free_bound, node_memory_parent_bound
 from solver.problem import Problem
+from solver.repacked_slack_bound import repacked_slack_bound
 from solver.slack_bound import slack_bound
 from solver.split_bound import split_bound
 
@@ -256,7 +260,10 @@ def reported_bound(
     decisions, and so the plans, stay as they were). ``repack``: the upstream membership
     ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``; the sizing
     modes: any tiling from ``allowed`` (and the upstream ``sizes``), with the shared-slack bound
-    (``slack_bound``) for ``sizing``, whose parents are all unrepacked. 0 for ``baseline``."""
+    (``slack_bound``) for ``sizing``, whose parents are all unrepacked, and its child-level
+    version (``repacked_slack_bound``) for ``repack+sizing`` where the step is memory-tight
+    (elsewhere the slack covers every long sample and it costs ~10 ms for nothing). 0 for
+    ``baseline``."""
     menu = sorted(set(allowed) | set(sizes))
     if mode == "repack":
         return max(
@@ -275,5 +282,6 @@ def reported_bound(
         return max(
             node_memory_free_bound(problem, menu, repack=True),
             split_bound(problem, menu, repack=True, tiling=False),
+            repacked_slack_bound(problem, menu) if problem.fill >= TIGHT_FILL else 0.0,
         )
     return 0.0

@@ -1,0 +1,106 @@
+"""The shared-slack bound of the repacked modes (``repacked_slack_bound``) never exceeds an
+optimum, stays below every plan, and tightens packed steps whose long samples sit in children.
+
+Tiny instances (2 nodes of 8 ranks, 3-6 samples at 30-99.9% of memory) are solved exactly as in
+``test_node_memory_bound``: every aligned tiling of a set of seven, every membership, each
+parent at the better of its unrepacked time and CP-SAT's proven optimum of its repacked
+layouts. Both the case where every sample is placed whole and the one where only the two
+longest are (the others then only fill, fractionally) are checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from solver import repacked_slack_bound as module
+from solver.bounds import reported_bound
+from solver.node_membership import TIGHT_FILL
+from solver.planner import plan
+from solver.problem import Problem
+from solver.repacked_slack_bound import repacked_slack_bound
+from solver.schema import PlanRequest, allowed_parent_sizes
+from tests.solver.test_node_memory_bound import (
+    TILINGS,
+    Reference,
+    below,
+    packed_request,
+    rounding_s,
+)
+from tests.solver.test_node_memory_bound import instance as node_instance
+from tests.solver.test_slack_bound import packed_instance
+
+MENU = sorted({k for sizes in TILINGS for k in sizes})
+
+
+@pytest.mark.parametrize("longest", [2, module.LONGEST])
+@pytest.mark.parametrize("seed", range(12))
+def test_never_exceeds_the_exact_optimum(
+    seed: int, longest: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(module, "LONGEST", longest)
+    problem = packed_instance(seed) if seed % 2 else node_instance(seed)[0]
+    ref = Reference(problem)
+    slack = rounding_s(problem)
+    for repack in (False, True):
+        optima = {tuple(sizes): ref.membership(sizes, repack) for sizes in TILINGS}
+        for sizes, optimum in optima.items():
+            assert below(repacked_slack_bound(problem, sizes, repack), optimum, slack), sizes
+        best = min(optima.values())
+        assert below(repacked_slack_bound(problem, MENU, repack), best, slack)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_stays_below_every_plan_of_packed_requests(seed: int) -> None:
+    """Every mode's plan is a layout of parents from the menu (and the loader's sizes): the
+    bound of the menu, and of the plan's own sizes, stays below its step time."""
+    req = packed_request(seed)
+    problem = Problem.from_request(req)
+    assert req.parent_sizes is not None
+    menu = sorted({1 << i for i in range(6)} | set(req.parent_sizes))
+    for mode in ("baseline", "sizing", "repack", "repack+parent", "repack+sizing"):
+        p = plan(req.model_copy(update={"mode": mode}))
+        step_s = p.metrics.step_time_ms / 1e3 * (1 + 1e-6)  # the plan rounds to 6 decimals
+        sizes = [q.ranks[1] - q.ranks[0] for q in p.parents]
+        assert repacked_slack_bound(problem, menu) <= step_s, mode
+        assert repacked_slack_bound(problem, sizes) <= step_s, mode
+
+
+def test_tightens_a_packed_step_of_16_rank_loader_parents() -> None:
+    """Step 9 of the packed 16-rank-parent trace (``scenarios/gpu64-packed.yaml``, seed 4444,
+    ``min_parent_size: 16``): every rank is full, so the ranks holding the six longest samples
+    carry their sparse attention on top of a full rank's linear work, and they share 5,804
+    tokens of free memory. ``repack+sizing`` reported 3,690 ms (the balance bound); this
+    bound is 1% above it, and the planner reports it."""
+    data = json.loads((Path(__file__).parent / "data" / "packed-min16-step9.json").read_text())
+    req = PlanRequest.model_validate(data).model_copy(
+        update={"mode": "repack+sizing", "deadline_ms": 60_000}
+    )
+    problem = Problem.from_request(req)
+    assert problem.fill >= TIGHT_FILL
+    assert req.parent_sizes is not None
+    menu = sorted(set(allowed_parent_sizes(req.cluster, req.model, uniform=False)))
+    new = repacked_slack_bound(problem, menu)
+    with pytest.MonkeyPatch.context() as m:  # what was reported before this bound
+        m.setattr("solver.bounds.repacked_slack_bound", lambda *_: 0.0)
+        old = reported_bound(problem, "repack+sizing", req.parent_sizes, [], menu)
+    assert new > old * 1.005
+    p = plan(req)
+    assert p.metrics.lower_bound_ms is not None
+    assert p.metrics.lower_bound_ms >= new * 1e3 * (1 - 1e-6)
+    assert p.metrics.lower_bound_ms <= p.metrics.step_time_ms
+
+
+def test_a_step_with_free_memory_everywhere_gets_no_bound_from_it() -> None:
+    """At 60% fill the slack covers every long sample's child: the bound says nothing, and the
+    planner does not compute it (``TIGHT_FILL``)."""
+    lengths = [30_000, 20_000] + [2_000] * 500
+    req = PlanRequest(cluster={"nodes": 8}, lengths=lengths)
+    problem = Problem.from_request(req)
+    assert problem.fill < TIGHT_FILL
+    menu = allowed_parent_sizes(req.cluster, req.model, uniform=False)
+    assert repacked_slack_bound(problem, menu) < reported_bound(
+        problem, "repack+sizing", menu[-1:] * (64 // menu[-1]), [], menu
+    )
