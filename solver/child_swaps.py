@@ -24,6 +24,7 @@ top, every rank at the same tokens, is where a long-with-long packing stops).
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 from solver.budget import Budget
@@ -47,6 +48,14 @@ room, the greedy stages balance them, and the swaps' extra work buys nothing: on
 bench``'s 60%-fill 512- and 1,024-GPU steps 8x instead of 1x changed step times by
 0.002-0.011% (at most 0.04%) for up to 0.6 s of CPU per request at 1,024 GPUs, most of it
 spent on swaps of 1e-6 of the step time each."""
+SMALL_WORLD = 32
+"""Requests of at most this many ranks get ``SMALL_SWAP_SCALE`` times ``SWAP_WORK``: they solve
+in about half the time of the 64-GPU requests the latency target is set for, and on their
+memory-tight steps the swaps gain in many small steps (two 16-rank parents of 32 GPUs, both
+level at the top in children of one rank, 0.01-0.02% per swap): at 1x five hunted steps ended
+0.11-0.17% behind the tests' reference heuristic, at 4x all five 0.02-0.25% ahead, for 40-80
+ms more per request (0.13-0.30 s in all)."""
+SMALL_SWAP_SCALE = 4
 SOURCES = 2
 """Slowest children of the critical parent that give samples away."""
 IMPROVEMENT = 1e-9
@@ -229,7 +238,88 @@ class _Swaps:
                         return True
                     if self.tries >= limit:
                         return False
-        return self._flatten(c, limit)
+        if self._flatten(c, limit):
+            return True
+        return not self.within and self._exchange_many(c, target, receivers, limit)
+
+    def _exchange_many(
+        self, c: int, target: float, receivers: list[tuple[float, int, int]], limit: int
+    ) -> bool:
+        """One sample of the critical parent ``c`` (of any of its children, heaviest first)
+        for a set of shorter samples of a child of another parent: the exchange that moves
+        full-attention work out of ``c`` when every rank is at its token budget.
+
+        When the critical parent's time is its full-attention layer (the longest sample's
+        child fixes its busiest rank, so only the sum of its samples' quadratic work can
+        fall), no single move fits anywhere and no one-for-one swap of about the same length
+        moves enough of that work. A sample traded for several short ones of the same total
+        length leaves every rank's tokens where they were and takes most of its quadratic
+        work along (two 16-rank parents of 32 GPUs at 89% of memory, children of one rank:
+        0.11-0.17% behind the tests' reference heuristic without this exchange)."""
+        kids = self.pars[c].kids
+        secs = self.cache[c][0]
+        for ci in sorted(range(len(kids)), key=lambda i: (-secs[i], i)):
+            for a in self._ordered(c, ci):
+                for _, q, di in receivers:
+                    if q == c or self.times[q] >= target:
+                        continue
+                    if self.tries >= limit:
+                        return False
+                    if self._try_many(c, ci, a, q, di, target, limit):
+                        return True
+        return False
+
+    def _try_many(
+        self, c: int, ci: int, a: int, q: int, di: int, target: float, limit: int
+    ) -> bool:
+        """``a`` for the shortest samples of child ``di`` of ``q`` (at least two, within
+        memory on both sides). Taking back more of them makes ``c`` slower and ``q`` faster,
+        so the longest prefix that keeps ``c`` under ``target`` is the only one to try, found
+        by bisection."""
+        p = self.p
+        self.tries += 1
+        src, dst = self.pars[c].kids[ci], self.pars[q].kids[di]
+        samples, lengths = self._by_tokens(q, di)
+        ta = p.tokens[a]
+        n = bisect.bisect_left(lengths, ta)  # strictly shorter than ``a``
+        if n < 2:
+            return False
+        tokens = list(itertools.accumulate(lengths[:n], initial=0))
+        # memory: ``di`` gives back at least ``need`` tokens, ``ci`` takes at most ``room``
+        need = dst.tokens + ta - p.capacity(dst.size)
+        room = p.capacity(src.size) - src.tokens + ta
+        lo = max(2, bisect.bisect_left(tokens, need))
+        hi = min(n, bisect.bisect_right(tokens, room) - 1)
+        if lo > hi:
+            return False
+        sparse = list(itertools.accumulate((p.sparse_s[b] for b in samples[:hi]), initial=0.0))
+        full = list(itertools.accumulate((p.full_s[b] for b in samples[:hi]), initial=0.0))
+        sa, fa = p.sparse_s[a], p.full_s[a]
+
+        def critical(k: int) -> float:
+            return self._time(c, {ci: (sparse[k] - sa, tokens[k] - ta)}, full[k] - fa)
+
+        self.tries += 1
+        if critical(lo) >= target:
+            return False
+        while lo < hi:  # the largest k with ``critical(k) < target``
+            if self.tries >= limit:
+                return False
+            self.tries += 1
+            mid = (lo + hi + 1) // 2
+            if critical(mid) < target:
+                lo = mid
+            else:
+                hi = mid - 1
+        self.tries += 1
+        k = lo
+        if self._time(q, {di: (sa - sparse[k], ta - tokens[k])}, fa - full[k]) >= target:
+            return False
+        given = samples[:k]
+        self._commit(c, ci, a, q, di, None)
+        for b in given:
+            self._commit(q, di, b, c, ci, None)
+        return True
 
     def _flatten(self, c: int, limit: int) -> bool:
         """A plateau move inside the critical parent ``c``, when no exchange makes it faster:
@@ -432,6 +522,8 @@ def swap_children(problem: Problem, layout: Layout, budget: Budget, within: bool
     scale = 1
     if problem.fill >= TIGHT_FILL:
         scale = min(MAX_SWAP_SCALE, max(1, problem.cost.world_size // SWAP_WORLD))
+    if problem.cost.world_size <= SMALL_WORLD:
+        scale = max(scale, SMALL_SWAP_SCALE)
     limit = budget.move_evals(SWAP_WORK * scale)
     changed = False
     while swaps.tries < limit and not budget.expired():

@@ -3,6 +3,9 @@ allow, on packed loader steps whose every child is full."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from solver.budget import Budget
@@ -14,6 +17,8 @@ from solver.problem import Problem
 from solver.schema import Plan, PlanRequest
 from solver.validate import validate_plan
 from tests.solver.test_reference import loader_request
+
+DATA = Path(__file__).parent / "data"
 
 
 def layout_of(request: PlanRequest, mode: str) -> tuple[Plan, Layout]:
@@ -163,3 +168,36 @@ def test_level_children_trade_a_long_sample_for_many_short_ones(
     # without the plateau moves nothing changes: the exchange is what the test is about
     monkeypatch.setattr(_Swaps, "_flatten", lambda self, c, limit: False)
     assert swap_children(problem, layout, Budget(60_000), within=True) == layout
+
+
+def test_a_sample_of_the_critical_parent_goes_for_many_short_ones_of_another() -> None:
+    """Two 16-rank parents of 32 GPUs at 89% of memory, children of one rank (a hunted step):
+    once no move, one-for-one swap or plateau move helps, the one-for-many exchange between
+    parents still makes the step faster, within memory, one sample for several shorter
+    ones."""
+    request = PlanRequest.model_validate(
+        json.loads((DATA / "hunt-4x8-two-parents-16-555.json").read_text())
+    )
+    problem = Problem.from_request(request)
+    _, layout = layout_of(request, "repack+parent")
+    swaps = _Swaps(problem, layout)
+    many = swaps._exchange_many
+    swaps._exchange_many = lambda *args: False  # type: ignore[method-assign]
+    while swaps.step(10**7):
+        pass
+    stuck = swaps.layout()
+    before = evaluate(stuck, problem.cost, problem.costs).step_s
+    swaps._exchange_many = many  # type: ignore[method-assign]
+    assert swaps.step(10**7)
+    after_layout = swaps.layout()
+    after = evaluate(after_layout, problem.cost, problem.costs).step_s
+    assert after < before * (1 - 1e-9)
+    moved = [
+        (j, sorted(set(new.samples) - set(old.samples)))
+        for j, (old, new) in enumerate(zip(stuck, after_layout, strict=True))
+    ]
+    counts = sorted(len(samples) for _, samples in moved)
+    assert counts[0] == 1 and counts[-1] >= 2  # one sample one way, several the other
+    for parent in after_layout:
+        for child in parent.children:
+            assert sum(problem.tokens[s] for s in child.samples) <= problem.capacity(child.size)
