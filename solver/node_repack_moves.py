@@ -1,0 +1,99 @@
+"""Moves that re-pack a node: a sample of the critical parent's slowest child to another of
+its nodes, whose children are packed again from scratch (``children_of_segment``).
+
+The child swaps trade samples between children as they are. When every child of the receiving
+node is a little short of memory for the sample (children of 2 ranks each ~2,300 tokens short
+of a 5,585-token sample, while the node has 9,000 tokens free), no swap takes it, and the
+critical child keeps it; packed again with it, the node holds it. This is the move the tests'
+reference heuristic makes on every try, here made from the finished layout, with the
+membership kept (mode ``repack``), on small requests only (``node_membership.small_request``):
+each try packs a node.
+"""
+
+from __future__ import annotations
+
+from solver.budget import Budget
+from solver.cost_model import child_layer_seconds
+from solver.layout import Child, Layout, Parent, parent_time
+from solver.node_packing import children_of_segment
+from solver.problem import Problem
+
+REPACK_TRIES = 400
+"""Node re-packs per request at the full work budget (``Budget.move_evals``), about 0.2 ms
+each on a 32-GPU request."""
+IMPROVEMENT = 1e-9
+"""Relative drop of the critical parent a move must reach (float noise is not a gain)."""
+
+
+def _nodes(problem: Problem, parent: Parent) -> dict[int, list[Child]]:
+    g = problem.cost.gpus_per_node
+    nodes: dict[int, list[Child]] = {}
+    for child in parent.children:
+        nodes.setdefault(child.start // g, []).append(child)
+    return nodes
+
+
+def _move(problem: Problem, parent: Parent, tries: list[int], limit: int) -> Parent | None:
+    """The first move out of the parent's slowest child that makes the parent faster."""
+    cost, costs, g = problem.cost, problem.costs, problem.cost.gpus_per_node
+    now = parent_time(parent, cost, costs)
+    nodes = _nodes(problem, parent)
+    slowest = max(
+        parent.children,
+        key=lambda c: (
+            child_layer_seconds(
+                cost,
+                c.size,
+                sum(problem.sparse_s[s] for s in c.samples),
+                sum(problem.tokens[s] for s in c.samples),
+            ),
+            -c.start,
+        ),
+    )
+    home = slowest.start // g
+    for a in sorted(slowest.samples, key=problem.heavy_rank.__getitem__):
+        for node, kids in sorted(nodes.items()):
+            if node == home:
+                continue
+            if tries[0] >= limit:
+                return None
+            tries[0] += 1
+            members = [s for c in kids for s in c.samples] + [a]
+            start = min(c.start for c in kids)
+            ranks = sum(c.size for c in kids)
+            packed = children_of_segment(problem, start, ranks, members, parent.size)
+            if packed is None:
+                continue
+            children: list[Child] = []
+            for c in parent.children:
+                if c.start // g == node:
+                    continue
+                if c is slowest:
+                    c = Child(c.start, c.size, tuple(s for s in c.samples if s != a))
+                children.append(c)
+            children += packed[0]
+            children.sort(key=lambda c: c.start)
+            moved = Parent(parent.start, parent.size, tuple(children))
+            if parent_time(moved, cost, costs) < now * (1 - IMPROVEMENT):
+                return moved
+    return None
+
+
+def repack_moves(problem: Problem, layout: Layout, budget: Budget) -> Layout:
+    """``layout`` with node re-packing moves inside its critical parent while it gets faster
+    (membership and parent sizes kept); the same object when no move helps."""
+    limit = budget.move_evals(REPACK_TRIES)
+    tries = [0]
+    out = list(layout)
+    changed = False
+    while tries[0] < limit and not budget.expired():
+        times = [parent_time(par, problem.cost, problem.costs) for par in out]
+        j = max(range(len(out)), key=lambda i: (times[i], -i))
+        parent = out[j]
+        if not parent.repacked or parent.size <= problem.cost.gpus_per_node:
+            break
+        moved = _move(problem, parent, tries, limit)
+        if moved is None:
+            break
+        out[j], changed = moved, True
+    return tuple(out) if changed else layout
