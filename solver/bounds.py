@@ -258,7 +258,8 @@ def reported_bound(
     """A bound for the model ``mode`` solves, added to what the search proved on its way:
     the node-level memory bounds (``node_memory_bound``), which the search does not use (its
     decisions, and so the plans, stay as they were). ``repack``: the upstream membership
-    ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``; the sizing
+    ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``, with the
+    child-level shared-slack bound of those sizes alone on memory-tight steps; the sizing
     modes: any tiling from ``allowed`` (and the upstream ``sizes``), with the shared-slack bound
     (``slack_bound``) for ``sizing``, whose parents are all unrepacked, and its child-level
     version (``repacked_slack_bound``) for ``repack+sizing`` where the step is memory-tight
@@ -271,7 +272,12 @@ def reported_bound(
             for size, group in zip(sizes, members, strict=True)
         )
     if mode == "repack+parent":
-        return sizes_bound(problem, sizes)
+        return max(
+            sizes_bound(problem, sizes),
+            repacked_slack_bound(problem, sorted(set(sizes)))
+            if problem.fill >= TIGHT_FILL
+            else 0.0,
+        )
     if mode == "sizing":
         return max(
             node_memory_free_bound(problem, menu, repack=False),
