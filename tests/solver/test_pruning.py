@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import math
 from itertools import islice
+from typing import Any
 
 import pytest
 
+from solver import planner
 from solver.budget import Budget
 from solver.children import children_below, membership_bounds, solve_children
 from solver.cost_model import child_layer_seconds
-from solver.planner import _baseline_parents, _repack_parent
+from solver.planner import _baseline_parents, _repack_parent, plan
 from solver.problem import Problem
-from solver.schema import PlanRequest
-from solver.trace import load_trace
+from solver.schema import ClusterSpec, PlanRequest
+from solver.trace import PackedLoader, Scenario, TraceSpec, load_trace
 from tests.solver.default_profile_golden import scenario_path
 
 NO_CLOCK_MS = 600_000
@@ -73,3 +75,32 @@ def test_repack_parent_is_pruned_only_when_it_cannot_win(step: PlanRequest) -> N
     assert kept is not None and kept.layout == unpruned.layout
     # An incumbent below every lower bound: nothing here can beat it, no child search runs.
     assert _repack_parent(problem, sizes, members, Budget(NO_CLOCK_MS), 1e-9) is None
+
+
+@pytest.mark.parametrize("mode", ["repack+parent", "repack+sizing"])
+def test_repack_answer_is_skipped_only_where_node_memory_shows_it_cannot_win(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed 32-GPU step of 8-rank loader parents (seed 202, step 24): the re-balanced
+    layout already beats every layout of the upstream membership (and of the wide tiling's,
+    against `repack+sizing`'s incumbent) by the node-level memory bound, not by the parents'
+    own bounds. The planner then skips mode ``repack``'s exact answer; the plan stays the one
+    it gives when it computes that answer."""
+    spec = TraceSpec(seed=202, steps=1, first_step=24, loader=PackedLoader())
+    scenario = Scenario(job_id="c32", cluster=ClusterSpec(nodes=4), trace=spec)
+    req = next(scenario.requests()).model_copy(update={"mode": mode})
+    calls: list[int] = []
+    fixed_best = planner._fixed_best
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return fixed_best(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "_fixed_best", counted)
+    fast = plan(req, NO_CLOCK_MS)
+    skipped = len(calls)
+    monkeypatch.setattr(planner, "fixed_membership_bound", lambda *_: 0.0)
+    full = plan(req, NO_CLOCK_MS)
+    assert len(calls) - skipped >= 1 > skipped  # computed only without the bound
+    assert fast.parents == full.parents and fast.children == full.children
+    assert fast.metrics.step_time_ms == full.metrics.step_time_ms
