@@ -104,3 +104,32 @@ def test_repack_answer_is_skipped_only_where_node_memory_shows_it_cannot_win(
     assert len(calls) - skipped >= 1 > skipped  # computed only without the bound
     assert fast.parents == full.parents and fast.children == full.children
     assert fast.metrics.step_time_ms == full.metrics.step_time_ms
+
+
+def test_repack_answer_owed_only_where_the_searched_layout_does_not_beat_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Step 4 of the 60%-fill 64-GPU scenario: the re-balanced layout does not beat every
+    layout of the upstream membership, but the LNS's layout from it does (its ``_Floor``). The
+    searched path (``_searched_parent``) then never computes mode ``repack``'s answer, and
+    ends at the layout the eager path (``_repack_parent``, then the LNS) ends at."""
+    req = next(islice(load_trace(scenario_path("gpu64-200steps.yaml")), 4, None))
+    problem = Problem.from_request(req)
+    sizes, members = _baseline_parents(problem, req)
+    calls: list[int] = []
+    fixed_best = planner._fixed_best
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return fixed_best(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "_fixed_best", counted)
+    eager = _repack_parent(problem, sizes, members, Budget(NO_CLOCK_MS))
+    assert eager is not None and len(calls) == 1
+    eager = planner._improved(problem, eager, Budget(NO_CLOCK_MS), "repack+parent")
+    searched = planner._searched_parent(
+        problem, sizes, members, Budget(NO_CLOCK_MS), "repack+parent"
+    )
+    assert searched is not None and len(calls) == 1  # not computed again
+    assert searched.layout == eager.layout
+    assert searched.evaluation.step_s == eager.evaluation.step_s
