@@ -180,6 +180,13 @@ class NodeSeed:
             [_Bin(j, start + o, min(size, g)) for o in range(0, size, min(size, g))]
             for j, (start, size) in enumerate(zip(self.starts, sizes, strict=True))
         ]
+        self._tokens = [0] * len(sizes)
+        """Tokens of each parent (its bins'), kept by ``_add``."""
+        self._edits = [0] * len(sizes)
+        self._full: list[tuple[int, float]] = [(0, 0.0)] * len(sizes)
+        """Per parent: its bins' summed full-attention seconds, and ``_edits`` when summed
+        (summed again, bin by bin as before, only after the parent changed: LPT reads it for
+        every candidate bin of every sample)."""
         self.times: list[float] = []
         self.fixed = False
         """Membership is given: moves stay between the nodes of one parent."""
@@ -223,9 +230,19 @@ class NodeSeed:
         b.full_s += sign * p.full_s[s]
         b.sparse_s += sign * p.sparse_s[s]
         b.fresh = False
+        self._tokens[b.parent] += sign * p.tokens[s]
+        self._edits[b.parent] += 1
 
     def _parent_tokens(self, j: int) -> int:
-        return sum(b.tokens for b in self.bins[j])
+        return self._tokens[j]
+
+    def _parent_full_s(self, j: int) -> float:
+        """``sum(b.full_s for b in self.bins[j])``, summed once per change of the parent."""
+        edits, full = self._full[j]
+        if edits != self._edits[j]:
+            full = sum(b.full_s for b in self.bins[j])
+            self._full[j] = (self._edits[j], full)
+        return full
 
     def _room(self, b: _Bin, s: int) -> bool:
         p = self.p
@@ -309,8 +326,8 @@ class NodeSeed:
         [4, 4, 4, 4, 16]: the three samples longer than a rank's memory all went to the 16-rank
         parent, which stayed unrepacked, 4.1% slower than one 4-rank parent each)."""
         j = b.parent
-        bins, size = self.bins[j], self.sizes[j]
-        full = self.full_weight * sum(x.full_s for x in bins) / size
+        size = self.sizes[j]
+        full = self.full_weight * self._parent_full_s(j) / size
         if self.whole[j]:
             return self._parent_load(j)
         return full + (self.work_weight * b.work + self.full_rate[size] * b.tokens) / b.ranks
@@ -324,7 +341,7 @@ class NodeSeed:
         reference heuristic, which put it in the 32-rank parent)."""
         bins, size = self.bins[j], self.sizes[j]
         lin, work = self.full_rate[size], self.work_weight
-        full = self.full_weight * sum(x.full_s for x in bins)
+        full = self.full_weight * self._parent_full_s(j)
         load = full + sum(work * x.work + lin * x.tokens for x in bins)
         if s is not None:
             p = self.p
@@ -819,6 +836,12 @@ class _LightestBins:
             for i in [WHOLE] if seed.whole[j] else range(len(bins)):
                 self._push(j, i)
         self.popped: dict[tuple[int, int, bool], list[_Entry]] = {}
+        self.parked: dict[tuple[int, int, bool], list[tuple[int, _Entry]]] = {}
+        """Per heap, the entries popped without memory for a sample, by their free tokens then
+        (most first, negated): memory only fills during the placement, so an entry can only
+        have room again for a shorter sample, and stays out of the heap until one comes (on a
+        loader's packed step most bins are full long before the placement ends: every pick
+        popped and pushed back ~28 of them at 1,024 GPUs)."""
 
     def went_whole(self, j: int) -> None:
         """Parent ``j`` takes samples as one bin from now on (its bins' entries are dropped
@@ -842,7 +865,11 @@ class _LightestBins:
         for group, heap in self.heaps.items():
             ranks, _, whole = group
             aside = self.popped.setdefault(group, [])
-            room = p.capacity(ranks) - p.tokens[s]
+            capacity = p.capacity(ranks)
+            room = capacity - p.tokens[s]
+            parked = self.parked.setdefault(group, [])
+            while parked and -parked[0][0] >= p.tokens[s]:  # free memory then: an upper bound
+                heapq.heappush(heap, heapq.heappop(parked)[1])
             while heap:
                 entry = heap[0]
                 _, _, j, i, version = entry
@@ -853,13 +880,16 @@ class _LightestBins:
                     heapq.heappop(heap)
                     self._push(j, i)  # a sibling took samples: re-keyed
                     continue
-                aside.append(heapq.heappop(heap))
                 b = seed.bins[j][0 if whole else i]
-                if (seed._parent_tokens(j) if whole else b.tokens) <= room:
-                    key = seed._key(b, s)
-                    if best is None or key < best[0]:
-                        best = (key, b)
-                    break
+                tokens = seed._parent_tokens(j) if whole else b.tokens
+                if tokens > room:
+                    heapq.heappush(parked, (tokens - capacity, heapq.heappop(heap)))
+                    continue
+                aside.append(heapq.heappop(heap))
+                key = seed._key(b, s)
+                if best is None or key < best[0]:
+                    best = (key, b)
+                break
         if best is None:
             self.done(None)
         return None if best is None else best[1]

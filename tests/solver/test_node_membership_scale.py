@@ -134,11 +134,17 @@ def test_lpt_by_heaps_places_every_sample_where_a_scan_of_every_bin_does(
     for parent_sizes, repack in itertools.product((sizes, mixed), (True, False)):
         heaps = NodeSeed(problem, parent_sizes, repack)
         scan = ScanSeed(problem, parent_sizes, repack)
-        assert heaps.place() == scan.place()
+        placed = heaps.place()
+        assert placed == scan.place()
         assert heaps.whole == scan.whole
         assert [[b.samples for b in bins] for bins in heaps.bins] == [
             [b.samples for b in bins] for bins in scan.bins
         ]
+        if placed:
+            heaps.improve()  # the moves change parents through the same bookkeeping
+        for j, bins in enumerate(heaps.bins):  # the per-parent sums LPT reads, kept exactly
+            assert heaps._parent_tokens(j) == sum(b.tokens for b in bins)
+            assert heaps._parent_full_s(j) == sum(b.full_s for b in bins)
 
 
 @pytest.mark.parametrize(
