@@ -154,13 +154,21 @@ def test_a_net_firing_in_the_child_search_keeps_the_node_level_layout(
     assert seeded is not None
     solve = planner.solve_children
 
+    searches: list[int] = []
+
     def fire_first(*args: Any, **kwargs: Any) -> Any:
+        searches.append(1)
         args[3].fired = True  # the budget: out of time from the first child search on
         return solve(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(planner, "solve_children", fire_first)
+        # Without the node-level memory floor (``planner._Floor``), which on this step shows
+        # the node-level layout beats every layout of the upstream membership and so skips
+        # its child search: the search runs, and the net fires in it.
+        m.setattr(planner, "fixed_membership_bound", lambda *_: 0.0)
         result = plan(request, deadline_ms=600_000)
+    assert searches
     assert result.metrics.stopped_by == "deadline"
     assert validate_plan(request, result) == []
     assert result.metrics.step_time_ms <= seeded.evaluation.step_s * 1e3 * (1 + 1e-9)
