@@ -201,3 +201,25 @@ def test_a_sample_of_the_critical_parent_goes_for_many_short_ones_of_another() -
     for parent in after_layout:
         for child in parent.children:
             assert sum(problem.tokens[s] for s in child.samples) <= problem.capacity(child.size)
+
+
+@pytest.mark.parametrize("case", [(4, 8, 16, 0.0, 3), (4, 8, 8, 0.0, 2)])
+def test_receivers_stay_every_child_in_order_of_its_seconds_after_each_swap(
+    case: tuple[int, int, int, float, int],
+) -> None:
+    """The receivers are kept sorted as swaps change parents, not re-sorted every step: after
+    each step they are exactly what a fresh sort of every child gives."""
+    request = loader_request(*case)
+    problem = Problem.from_request(request)
+    _, layout = layout_of(request, "repack")
+    swaps = _Swaps(problem, layout)
+    steps = 0
+    while swaps.step(10_000):
+        steps += 1
+        fresh = sorted(
+            (kid.seconds(problem), j, i)
+            for j, par in enumerate(swaps.pars)
+            for i, kid in enumerate(par.kids)
+        )
+        assert swaps.receivers == fresh
+    assert steps > 0  # the invariant was checked after some swap
