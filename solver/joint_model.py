@@ -98,11 +98,16 @@ class JointModel:
         layout: Layout,
         hood: Neighbourhood,
         shares: dict[tuple[float, int], list[int]] | None = None,
+        exact: dict[int, tuple[Parent, float]] | None = None,
     ) -> None:
         """``shares``: a cache of per-sample child shares kept across the moves of one
-        request (they depend only on the problem and the time unit)."""
+        request (they depend only on the problem and the time unit). ``exact``: a cache of
+        parent times across those moves, ``position -> (parent, its time)``, used while that
+        position holds the same parent object (a move replaces only its own parents; the
+        times of the parents outside were a third of the model's build)."""
         self.p, self.layout, self.hood = problem, layout, hood
         self._share_cache = {} if shares is None else shares
+        self._exact_cache = {} if exact is None else exact
         cost = problem.cost
         self.free = set(hood.samples)
         freed_nodes = set(hood.nodes)
@@ -143,7 +148,7 @@ class JointModel:
         if key not in problem.memo:
             problem.memo[key] = time_unit_s(4 * self._rough_seconds())
         self.unit_s = problem.memo[key]
-        self.outside_units = max((self._units(self._exact(layout[j])) for j in outside), default=0)
+        self.outside_units = max((self._units(self._outside(j)) for j in outside), default=0)
         self._build(hint_bin, hint_used)
 
     # --- helpers ------------------------------------------------------------------------
@@ -169,6 +174,14 @@ class JointModel:
 
     def _exact(self, par: Parent) -> float:
         return parent_time(par, self.p.cost, self.p.costs)
+
+    def _outside(self, j: int) -> float:
+        """``_exact`` of the layout's parent ``j``, from the cache while it holds that parent."""
+        par = self.layout[j]
+        known = self._exact_cache.get(j)
+        if known is None or known[0] is not par:
+            known = self._exact_cache[j] = (par, self._exact(par))
+        return known[1]
 
     def _units(self, seconds: float) -> int:
         return round(seconds / self.unit_s)

@@ -172,6 +172,7 @@ def improve(
     times = tuple(_parent_seconds(problem, par) for par in layout)
     searched = LayoutEval(max(times), times, evaluation.inter_node_bytes, evaluation.imbalance)
     shares: dict[tuple[float, int], list[int]] = {}
+    exact: dict[int, tuple[Parent, float]] = {}
     max_moves = budget.evals(round(MAX_MOVES * scale))
     left = budget.cpsat_seconds(LNS_SECONDS * scale)
     while improved and moves < max_moves and left > 0 and not budget.expired():
@@ -181,7 +182,7 @@ def improve(
                 break
             moves += 1
             try:
-                model = JointModel(problem, layout, hood, shares)
+                model = JointModel(problem, layout, hood, shares, exact)
             except ValueError:
                 continue
             limit = min(budget.cpsat_seconds(MOVE_SECONDS), left)
