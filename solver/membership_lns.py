@@ -55,7 +55,7 @@ MAX_MOVES = 6
 """Moves per request at most (``Budget.evals``), times ``SEARCH_SCALE``; fewer when a whole
 list of neighbourhoods fails or the deterministic budget is spent."""
 
-SEARCH_SCALE = {"repack+parent": 5.0, "repack+sizing": 1.0}
+SEARCH_SCALE = {"repack+parent": 2.0, "repack+sizing": 1.0}
 """Both budgets above per mode. ``repack+parent`` (a loader's sizes kept: its only lever is
 membership) gets 5x: measured on an idle 2-core machine, 1x / 4x / 6x / 10x gave -14.65 /
 -14.91 / -15.01 / -15.12% on the packed trace's wide steps for a 64-GPU p99 of 88 / 166 / 172 /
@@ -65,6 +65,14 @@ which left step 50 of ``scenarios/gpu64-packed.yaml`` 0.12% slower than the test
 heuristic (4180.1 vs 4175.1 ms; its node stage ends 1.6% behind the reference there, and the
 LNS at 4x stops just short): 4.5x and 5x reach 4143.8 / 4139.5 ms (-0.85%), and 5x is the
 margin kept (wide steps -17.16% -> -17.20%, mean of per-step changes; CPU +10%).
+Since 2026-12-06 that 5x is for memory-tight steps only (``TIGHT_SEARCH_SCALE``, where it
+was measured); on steps with memory to spare ``repack+parent`` gets 2x: there the LNS gains
+little beyond 2x, and the 64-GPU p99 is set by the steps that also compute mode ``repack``'s
+answer (``planner._searched_parent``). ``repack bench --sizes 64:400``, seeds 0 / 1 / 2, 5x ->
+3x -> 2x: mean step time -7.920 -> -7.912 -> -7.904%, -10.175 -> -10.163 -> -10.164%,
+-11.960 -> -11.953 -> -11.936%; p99 241 -> 224 -> 170, 219 -> 205 -> 172, 272 -> 200 -> 196 ms
+(one process, 2-core machine); the 18 wide steps of ``gpu64-200steps.yaml`` -24.693 ->
+-24.693 -> -24.690%.
 ``repack+sizing`` (the service's default mode) stays at 1x: 6x gained 0.1-0.2 points there
 and doubled the service's CPU per plan (in-process p50 26 -> 55 ms, answers/s at 8 loaders
 67 -> 27)."""
