@@ -504,6 +504,7 @@ class NodeSeed:
         ``receiver_floors``."""
         rows, edits = [], []
         screen_edits = len(receivers) >= EDIT_SCREEN_RECEIVERS
+        sums: dict[int, tuple[float, int, float]] = {}  # per parent, summed once per call
         for dst in receivers:
             q, bins = dst.parent, self.bins[dst.parent]
             z, m, whole_only = 0.0, 0, self.whole[q] or self.sizes[q] == 1
@@ -514,13 +515,20 @@ class NodeSeed:
                     else:
                         z, m = max(z, b.packed[1]), max(m, b.packed[2])
             edits.append(None if whole_only or not screen_edits else self._edit_row(dst))
+            if q not in sums:
+                sums[q] = (
+                    sum(b.full_s for b in bins),
+                    sum(b.tokens for b in bins),
+                    sum(b.sparse_s for b in bins),
+                )
+            full, tokens, sparse = sums[q]
             rows.append(
                 (
                     self.sizes[q],
                     dst.ranks,
-                    sum(b.full_s for b in bins),
-                    sum(b.tokens for b in bins),
-                    sum(b.sparse_s for b in bins),
+                    full,
+                    tokens,
+                    sparse,
                     dst.work,
                     dst.tokens,
                     z,

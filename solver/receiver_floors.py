@@ -113,9 +113,7 @@ class ReceiverTerms:
         the trial edit's charge where the trial is such an edit (``EditTerms``)."""
         cols = list(zip(*rows, strict=True))
         size = np.asarray(cols[0], dtype=np.int64)
-        sizes = sorted(set(cols[0]))
-        per = {k: cost.token_seconds(k) for k in sizes}
-        fix = {k: cost.layer_fixed_seconds(k) for k in sizes}
+        per, fix = _group_tables(cost, size)
         return cls(
             size=size,
             ranks=np.asarray(cols[1], dtype=np.int64),
@@ -127,8 +125,8 @@ class ReceiverTerms:
             z=np.asarray(cols[7], dtype=np.float64),
             m=np.asarray(cols[8], dtype=np.int64),
             whole_only=np.asarray(cols[9], dtype=np.bool_),
-            per_token=np.asarray([per[k] for k in cols[0]], dtype=np.float64),
-            fixed=np.asarray([fix[k] for k in cols[0]], dtype=np.float64),
+            per_token=per,
+            fixed=fix,
             edits=_edit_terms(cost, edits) if any(e is not None for e in edits) else None,
         )
 
@@ -223,18 +221,32 @@ def _edit_terms(cost: CostModel, edits: Sequence[EditRow | None]) -> EditTerms:
             size += edit.sizes
             sparse += edit.sparse
             tokens += edit.tokens
-    per = {k: cost.token_seconds(k) for k in set(size)}
-    fix = {k: cost.layer_fixed_seconds(k) for k in set(size)}
+    sizes = np.asarray(size, dtype=np.int64)
+    per, fix = _group_tables(cost, sizes)
     return EditTerms(
         valid=np.asarray([e is not None for e in edits], dtype=np.bool_),
         z=np.asarray([0.0 if e is None else e.z for e in edits], dtype=np.float64),
         m=np.asarray([0 if e is None else e.m for e in edits], dtype=np.int64),
         charge=[0 if e is None else e.charge for e in edits],
         owner=np.asarray(owner, dtype=np.int64),
-        size=np.asarray(size, dtype=np.int64),
+        size=sizes,
         sparse=np.asarray(sparse, dtype=np.float64),
         tokens=np.asarray(tokens, dtype=np.int64),
         starts=np.asarray(starts, dtype=np.int64),
-        per_token=np.asarray([per[k] for k in size], dtype=np.float64),
-        fixed=np.asarray([fix[k] for k in size], dtype=np.float64),
+        per_token=per,
+        fixed=fix,
     )
+
+
+def _group_tables(
+    cost: CostModel, sizes: NDArray[np.int64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``token_seconds`` and ``layer_fixed_seconds`` of each group size in ``sizes``, looked up
+    in a table of the sizes present (the same floats as calling them per element)."""
+    if len(sizes) == 0:
+        return np.zeros(0), np.zeros(0)
+    present = np.unique(sizes)
+    at = np.searchsorted(present, sizes)
+    per = np.asarray([cost.token_seconds(int(k)) for k in present], dtype=np.float64)
+    fix = np.asarray([cost.layer_fixed_seconds(int(k)) for k in present], dtype=np.float64)
+    return per[at], fix[at]
