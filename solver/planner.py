@@ -35,6 +35,7 @@ from solver.children import (
     polish,
     solve_children,
 )
+from solver.collector import collector_held_back
 from solver.errors import InfeasibleRequestError
 from solver.layout import Layout, LayoutEval, baseline_layout, evaluate
 from solver.membership import Objective, balance, make_room, members_from_parent_of
@@ -102,7 +103,13 @@ def plan(request: PlanRequest, deadline_ms: float | None = None, *, use_cpsat: b
     """Solve one step. The search done depends on the request alone (its ``deadline_ms`` sets
     the deterministic work budget); ``deadline_ms`` here overrides only the wall-clock safety
     net (the service passes what is left after queueing). ``use_cpsat=False`` returns the
-    greedy plan (for benchmarks)."""
+    greedy plan (for benchmarks). The garbage collector is held back while it runs
+    (``collector``: it was 13% of a 1,024-GPU solve)."""
+    with collector_held_back():
+        return _plan(request, deadline_ms, use_cpsat)
+
+
+def _plan(request: PlanRequest, deadline_ms: float | None, use_cpsat: bool) -> Plan:
     t0 = time.perf_counter()
     requested = request.deadline_ms or DEFAULT_DEADLINE_MS
     deadline = deadline_ms or requested
