@@ -23,6 +23,7 @@ only make these floors lower than ``_time_floor``'s: the filter stays safe.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -241,12 +242,16 @@ def _edit_terms(cost: CostModel, edits: Sequence[EditRow | None]) -> EditTerms:
 def _group_tables(
     cost: CostModel, sizes: NDArray[np.int64]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """``token_seconds`` and ``layer_fixed_seconds`` of each group size in ``sizes``, looked up
-    in a table of the sizes present (the same floats as calling them per element)."""
-    if len(sizes) == 0:
-        return np.zeros(0), np.zeros(0)
-    present = np.unique(sizes)
-    at = np.searchsorted(present, sizes)
-    per = np.asarray([cost.token_seconds(int(k)) for k in present], dtype=np.float64)
-    fix = np.asarray([cost.layer_fixed_seconds(int(k)) for k in present], dtype=np.float64)
-    return per[at], fix[at]
+    """``token_seconds`` and ``layer_fixed_seconds`` of each group size in ``sizes``, read from
+    a table of every group size of the cluster (the same floats as calling them per element)."""
+    per, fix = _size_tables(cost)
+    return per[sizes], fix[sizes]
+
+
+@functools.lru_cache(maxsize=16)
+def _size_tables(cost: CostModel) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per group size ``0..world_size`` (0 unused): built once per cost model, i.e. request."""
+    sizes = range(1, cost.world_size + 1)
+    per = np.asarray([0.0, *(cost.token_seconds(k) for k in sizes)], dtype=np.float64)
+    fix = np.asarray([0.0, *(cost.layer_fixed_seconds(k) for k in sizes)], dtype=np.float64)
+    return per, fix
