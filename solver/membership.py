@@ -232,23 +232,36 @@ class _Balancer:
             (j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j)
         )
         receivers = receivers[:RECEIVERS]
-        work = self.p.work_s
+        work, tokens = self.p.work_s, self.p.tokens
         heavy_first = sorted(self.loads[c].members, key=lambda s: (-work[s], s))
         for s in heavy_first:  # moves
+            # ``c`` without ``s`` is the same for every receiver: computed once, each use
+            # still charged as an evaluation (the budget counts them), so the search is as it was
+            without: float | None = None
             for q in receivers:
-                if self.fits(q, s) and max(self.cost(c, remove=s), self.cost(q, add=s)) < target:
+                if not self.fits(q, s):
+                    continue
+                if without is None:
+                    without = self.cost(c, remove=s)
+                else:
+                    self.evals += 1
+                if max(without, self.cost(q, add=s)) < target:
                     self.unplace(c, s)
                     self.place(q, s)
                     return True
+        room_c = self.loads[c].capacity - self.loads[c].tokens
         for q in receivers:  # swaps with a lighter sample of a receiver
             light = sorted(self.loads[q].members, key=lambda u: (work[u], u))
             light_work = [work[u] for u in light]
+            room_q = self.loads[q].capacity - self.loads[q].tokens
             for s in heavy_first:
                 if self.evals >= budget:
                     return False
                 hi = bisect.bisect_left(light_work, work[s])
+                t_s = tokens[s]
                 for u in reversed(light[max(0, hi - SWAP_CANDIDATES) : hi]):
-                    if not (self.fits(q, s, remove=u) and self.fits(c, u, remove=s)):
+                    grow = t_s - tokens[u]  # ``fits`` on both sides, inlined
+                    if grow > room_q or -grow > room_c:
                         continue
                     if max(self.cost(c, add=u, remove=s), self.cost(q, add=s, remove=u)) < target:
                         self.unplace(c, s)
