@@ -346,6 +346,13 @@ HUNTED = [
     # (235,929 tokens), the children of 2 on its other node each ~2,300 tokens short of memory
     # for it, so no swap took it; that node packed again with it does (``node_repack_moves``).
     ("hunt-4x8-two-parents-16-3010.json", ("repack",)),  # +0.415%
+    # 32 GPUs of 8-GPU nodes, two 16-rank parents at 98.5% (FFS, 64 heads, window 1,024), 328
+    # samples (2026-12-06, --family two-parents-16-4x8, seed 920021; 1 of 60): the critical
+    # parent's node 0 is one child of 8 around a 157,286-token sample, node 1 eight children
+    # of 1 rank level at 32,340 tokens, the busiest ranks of its full layers. No single move
+    # lowers eight level ranks; the reference moves samples from node 1 to node 0 and re-packs
+    # node 1 each time, which levels every rank of the parent near 32,170 tokens.
+    ("hunt-4x8-two-parents-16-920021.json", ("repack",)),  # +0.139%
 ]
 
 
