@@ -219,14 +219,28 @@ class _Balancer:
             self.place(j, s)
 
     def improve(self, budget: int, clock: Budget | None = None) -> None:
-        """Moves and swaps out of the critical parent while one makes it faster."""
+        """Moves and swaps out of the critical parent while one makes it faster.
+
+        Each round prices every parent; only the two a move changed are computed again, the
+        others' costs are kept (the same bits: their loads did not change) and still charged
+        as evaluations, so the search and its budget are as if all were recomputed."""
+        costs: list[float] | None = None
+        changed: tuple[int, int] | None = None
         while self.evals < budget and not (clock is not None and clock.expired()):
-            costs = [self.cost(j) for j in range(len(self.loads))]
+            if costs is None or changed is None:
+                costs = [self.cost(j) for j in range(len(self.loads))]
+            else:
+                self.evals += len(self.loads) - len(changed)
+                for j in changed:
+                    costs[j] = self.cost(j)
             c = max(range(len(costs)), key=lambda j: (costs[j], -j))
-            if not self._improve_critical(c, costs, budget):
+            changed = self._improve_critical(c, costs, budget)
+            if changed is None:
                 return
 
-    def _improve_critical(self, c: int, costs: list[float], budget: int) -> bool:
+    def _improve_critical(self, c: int, costs: list[float], budget: int) -> tuple[int, int] | None:
+        """The two parents a move or swap out of the critical parent ``c`` changed, None if
+        none makes ``c`` faster."""
         target = costs[c] * (1 - IMPROVEMENT_EPS)
         receivers = sorted(
             (j for j in range(len(self.loads)) if j != c), key=lambda j: (costs[j], j)
@@ -248,7 +262,7 @@ class _Balancer:
                 if max(without, self.cost(q, add=s)) < target:
                     self.unplace(c, s)
                     self.place(q, s)
-                    return True
+                    return c, q
         room_c = self.loads[c].capacity - self.loads[c].tokens
         for q in receivers:  # swaps with a lighter sample of a receiver
             light = sorted(self.loads[q].members, key=lambda u: (work[u], u))
@@ -256,7 +270,7 @@ class _Balancer:
             room_q = self.loads[q].capacity - self.loads[q].tokens
             for s in heavy_first:
                 if self.evals >= budget:
-                    return False
+                    return None
                 hi = bisect.bisect_left(light_work, work[s])
                 t_s = tokens[s]
                 for u in reversed(light[max(0, hi - SWAP_CANDIDATES) : hi]):
@@ -268,8 +282,8 @@ class _Balancer:
                         self.unplace(q, u)
                         self.place(c, u)
                         self.place(q, s)
-                        return True
-        return False
+                        return c, q
+        return None
 
 
 def fill_prices(problem: Problem, sizes: Sequence[int]) -> dict[int, float]:

@@ -40,3 +40,36 @@ def test_the_greedy_puts_each_sample_in_the_least_costly_parent_with_room(
         pytest.skip("LPT itself runs out of packed memory here")
     assert sorted(s for group in members for s in group) == list(range(problem.num_samples))
     assert lpt_violations(problem, sizes, members) == []
+
+
+class _Recomputing(_Balancer):
+    """The local search as it was before costs were kept between rounds: every parent priced
+    again every round."""
+
+    def improve(self, budget: int, clock: object = None) -> None:
+        while self.evals < budget:
+            costs = [self.cost(j) for j in range(len(self.loads))]
+            c = max(range(len(costs)), key=lambda j: (costs[j], -j))
+            if self._improve_critical(c, costs, budget) is None:
+                return
+
+
+@pytest.mark.parametrize("case", PACKED)
+@pytest.mark.parametrize(("size", "objective"), [(1, "baseline"), (2, "repack"), (8, "repack")])
+def test_the_local_search_keeping_costs_between_rounds_is_the_full_recompute(
+    case: tuple[int, int, int, float, int], size: int, objective: str
+) -> None:
+    """Same members and the same evaluations charged as pricing every parent each round."""
+    problem = Problem.from_request(loader_request(*case))
+    sizes = [size] * (problem.cost.world_size // size)
+    runs = []
+    for cls in (_Balancer, _Recomputing):
+        bal = cls(problem, sizes, objective)  # type: ignore[arg-type]
+        try:
+            bal.greedy(heavy_order(problem))
+        except InfeasibleRequestError:
+            pytest.skip("LPT itself runs out of packed memory here")
+        bal.improve(3_000)
+        runs.append(([sorted(ld.members) for ld in bal.loads], bal.evals))
+    assert runs[0] == runs[1]
+    assert runs[0][1] > len(sizes)  # the search ran more than one round
