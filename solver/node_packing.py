@@ -177,9 +177,12 @@ def children_of_segment(
     )
     best: tuple[float, list[Child], float, int] | None = None
     order = sorted(members, key=problem.heavy_rank.__getitem__)  # once for every size
+    bounds = _SegmentBounds(problem, order)
     for k in problem.child_sizes:
         if k > seg:
             break
+        if best is not None and bounds.score(k, seg, full_tok, busiest_floor) > best[0] * SLACK:
+            continue  # cannot win (nor tie): its packing is not worth computing
         packed = packed_children(problem, order, seg // k, k, ordered=True)
         if packed is None:
             continue
@@ -193,6 +196,42 @@ def children_of_segment(
             kids = [Child(start + i * k, k, tuple(g)) for i, g in enumerate(groups)]
             best = (score, kids, z, m)
     return None if best is None else (best[1], best[2], best[3])
+
+
+SLACK = 1.0 + 1e-9
+"""A size is skipped only when its lower bound beats the best score by more than rounding: the
+bound sums the same terms in another order, so ties (kept first-found) are never pruned."""
+
+
+class _SegmentBounds:
+    """Lower bounds on ``children_of_segment``'s score of a child size, from the segment's
+    totals and its heaviest samples alone: a packed step's segments try four sizes, each an
+    LPT (or a fill to the token), and the bound rules most of them out for a few additions.
+
+    Any packing of ``seg // k`` children of ``k`` ranks has a child at least as busy as the
+    average child (sparse seconds and tokens over the segment's ranks) and a child holding
+    the heaviest (and the longest) sample; its busiest rank holds at least the segment's
+    tokens over its ranks and the longest sample's share of ``k``."""
+
+    def __init__(self, problem: Problem, order: Sequence[int]) -> None:
+        tokens, sparse = problem.tokens, problem.sparse_s
+        self.cost = problem.cost
+        self.tokens = sum(tokens[s] for s in order)
+        self.sparse = sum(sparse[s] for s in order)
+        self.heaviest = (sparse[order[0]], tokens[order[0]]) if order else (0.0, 0)
+        longest = max(order, key=tokens.__getitem__) if order else None
+        self.longest = (sparse[longest], tokens[longest]) if longest is not None else (0.0, 0)
+
+    def score(self, k: int, seg: int, full_tok: float, busiest_floor: int) -> float:
+        if self.tokens == 0:
+            return 0.0
+        cost = self.cost
+        per_token = cost.token_seconds(k)
+        z = (self.sparse + self.tokens * per_token) / seg + cost.layer_fixed_seconds(k)
+        for sp, tok in (self.heaviest, self.longest):
+            z = max(z, child_layer_seconds(cost, k, sp, tok))
+        m = max(ceil_div(self.tokens, seg), ceil_div(self.longest[1], k), busiest_floor)
+        return cost.sparse_layers * z + m * full_tok
 
 
 def pack_by_nodes(
