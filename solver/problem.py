@@ -74,6 +74,16 @@ class Problem:
         return tuple(rank)
 
     @cached_property
+    def light_rank(self) -> tuple[int, ...]:
+        """Position of each sample in increasing-work order (index breaks ties): not the
+        reverse of ``heavy_rank``, whose ties go the other way."""
+        order = sorted(range(self.num_samples), key=lambda s: (self.work_s[s], s))
+        rank = [0] * self.num_samples
+        for position, s in enumerate(order):
+            rank[s] = position
+        return tuple(rank)
+
+    @cached_property
     def fill(self) -> float:
         """Share of the cluster's token memory the step holds (a packing loader's ~0.99)."""
         return sum(self.tokens) / self.capacity(self.cost.world_size)
