@@ -135,11 +135,14 @@ class _Balancer:
         self.evals += 1
         ld, p = self.loads[j], self.p
         full, sparse, tokens = ld.full_s, ld.sparse_s, ld.tokens
-        for s, sign in ((add, 1), (remove, -1)):
-            if s is not None:
-                full += sign * p.full_s[s]
-                sparse += sign * p.sparse_s[s]
-                tokens += sign * p.tokens[s]
+        if add is not None:  # added, then removed: the float sums' order is part of the bits
+            full += p.full_s[add]
+            sparse += p.sparse_s[add]
+            tokens += p.tokens[add]
+        if remove is not None:
+            full -= p.full_s[remove]
+            sparse -= p.sparse_s[remove]
+            tokens -= p.tokens[remove]
         single = self.longest(j, add, remove)
         if self.repack_caps is not None and tokens > self.repack_caps[j]:
             single = math.inf  # no node-local packing holds this many tokens: stays whole
