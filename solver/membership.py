@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from solver.bin_completion import complete_bins
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
 from solver.exact_fill import fill_bins, first_fit_decreasing
@@ -364,6 +365,8 @@ def balance(
             start = fill_bins(problem, samples, capacities, list(sizes))
             if start is None:  # few samples, each a large share of a parent
                 start = first_fit_decreasing(problem, samples, capacities)
+            if start is None:  # a few samples per parent, full to the token
+                start = complete_bins(problem, samples, capacities, clock)
             if start is None:  # only exact partitions fit (``packing_search``)
                 found = search_packing(problem, samples, capacities, clock)
                 if found.proven_infeasible:
@@ -374,8 +377,14 @@ def balance(
                         f"{problem.cost.max_tokens_per_rank} tokens per rank)",
                     ) from None
                 start = found.members
-            if start is None:
-                raise
+            if start is None:  # not proven infeasible: say what was not found, and why
+                used = sum(problem.tokens)
+                raise InfeasibleRequestError(
+                    "lengths",
+                    f"no membership of these samples within the parents' memory was found "
+                    f"(parents of {sorted(set(sizes))} ranks, {used} of {sum(capacities)} "
+                    "tokens used); send parent_of or leave some memory free",
+                ) from None
             bal = _Balancer(problem, sizes, objective, repack_caps)
     if start is not None:
         for j, group in enumerate(start):

@@ -1,0 +1,155 @@
+"""Bins filled to the token by bin completion: a depth-first search over exact fills.
+
+A loader that packs every rank to its exact token budget (cutting the last document to fit, as
+packed loaders do) and sends ``parent_sizes`` without ``parent_of``, or no sizes at all, leaves
+no free token anywhere: a membership must partition the samples into the parents' memory
+exactly. The greedy fills of ``exact_fill`` strand a sample when each parent holds only a few
+(one-rank parents of long documents), and CP-SAT's propagation is weak on equality knapsacks
+(a 6-bin, 34-sample exact partition stays unsolved at its work limit). Refusing such a step
+would tell the caller to shrink a batch that fits.
+
+Bin completion (after Korf's bin-completion search): bins in order of capacity; each takes the
+longest sample left and then a *completion*, a subset of the others that fills it to within the
+slack still unassigned, longest samples first (the short ones stay behind as filler for the
+bins after it). Completions come from suffix reachability bitsets (bit ``t`` of ``reach[i]``:
+some subset of the samples from ``i`` on sums to ``t``), at most ``BRANCH`` per bin, and the
+search backtracks depth first. Its work is counted in sample-bits of those bitsets and capped
+(``WORK_LIMIT``), so the answer depends only on the request; the request's clock is the safety
+net, checked between bins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from solver.budget import Budget
+from solver.problem import Problem
+
+BRANCH = 8
+"""Completions tried per bin, fullest and longest-first; more rarely helps, it multiplies the
+search below a wrong choice."""
+
+WORK_LIMIT = 1 << 32
+"""Sample-bits of reachability bitsets the search may build (~0.5 s of CPU on the 2-core
+development machine); past it the search gives up (the caller's next fallback decides)."""
+
+MAX_BITSET = 1 << 27
+"""Largest ``samples x (room + 1)`` bitset table of one bin; bins with more room are filled
+by the greedy packings (many samples, so they do not strand one)."""
+
+
+def _completions(
+    tokens: Sequence[int], items: Sequence[int], low: int, high: int, limit: int
+) -> list[list[int]]:
+    """Up to ``limit`` subsets of ``items`` (by decreasing length) summing to a value in
+    ``[low, high]``, fullest sum first and, per sum, longer samples first."""
+    n = len(items)
+    mask = (1 << (high + 1)) - 1
+    reach = [0] * (n + 1)
+    reach[n] = 1
+    for i in range(n - 1, -1, -1):
+        reach[i] = (reach[i + 1] | (reach[i + 1] << tokens[items[i]])) & mask
+    found: list[list[int]] = []
+    for target in range(high, low - 1, -1):
+        if not (reach[0] >> target) & 1:
+            continue
+        # Depth-first over (position, sum left), "take" before "skip"; every branch taken is
+        # completable by the reachability test, so each leaf is a completion.
+        stack: list[tuple[int, int, int]] = [(0, target, 0)]  # (position, sum left, depth)
+        chosen: list[int] = []
+        while stack and len(found) < limit:
+            i, left, depth = stack.pop()
+            del chosen[depth:]
+            if left == 0:
+                found.append(list(chosen))
+                continue
+            length = tokens[items[i]]
+            if (reach[i + 1] >> left) & 1:
+                stack.append((i + 1, left, depth))
+            if length <= left and (reach[i + 1] >> (left - length)) & 1:
+                chosen.append(items[i])
+                stack.append((i + 1, left - length, depth + 1))
+        if len(found) >= limit:
+            break
+    return found
+
+
+def _greedy_prefix(
+    tokens: Sequence[int], items: Sequence[int], cap: int
+) -> tuple[list[int], list[int], int]:
+    """The longest sample left, and more of the longest ones while the bitsets of the room
+    left would exceed ``MAX_BITSET`` (a roomy bin of many samples: its last tokens are what
+    needs the exact fill); returns the samples fixed, the others and the room left."""
+    fixed = [items[0]]
+    room = cap - tokens[items[0]]
+    others = list(items[1:])
+    if room < 0 or len(others) * (room + 1) <= MAX_BITSET:
+        return fixed, others, room
+    keep = MAX_BITSET // len(others)  # room the exact part keeps
+    rest: list[int] = []
+    for s in others:
+        if room - tokens[s] >= keep and len(others) * (room + 1) > MAX_BITSET:
+            fixed.append(s)
+            room -= tokens[s]
+        else:
+            rest.append(s)
+    return fixed, rest, room if len(rest) * (room + 1) <= MAX_BITSET else -1
+
+
+def complete_bins(
+    problem: Problem,
+    members: Sequence[int],
+    capacities: Sequence[int],
+    clock: Budget | None = None,
+) -> list[list[int]] | None:
+    """``members`` into bins of ``capacities`` tokens (bins in the given order), every bin
+    within its memory; None when the search finds no packing within ``WORK_LIMIT`` (or the
+    clock, which it then marks as fired). Deterministic: sorted orders, index tie-breaks."""
+    tokens = problem.tokens
+    bins = len(capacities)
+    slack = sum(capacities) - sum(tokens[s] for s in members)
+    if bins == 0 or slack < 0:
+        return None
+    order = sorted(range(bins), key=lambda b: (capacities[b], b))
+    work = 0
+    out: list[list[int]] = [[] for _ in range(bins)]
+    # One frame per bin filled so far: the samples left before it, the slack left before it,
+    # and its untried completions (as whole bins' contents).
+    items = sorted(members, key=lambda s: (-tokens[s], s))
+    frames: list[tuple[list[int], int, list[list[int]]]] = []
+    while True:
+        k = len(frames)
+        if k == bins - 1 or not items:  # the last bin takes the rest (or nothing is left)
+            rest = sum(tokens[s] for s in items)
+            if k < bins and rest <= capacities[order[k]]:
+                for j in range(k, bins):
+                    out[order[j]] = []
+                if k < bins:
+                    out[order[k]] = list(items)
+                return out
+            options: list[list[int]] = []
+        else:
+            cap = capacities[order[k]]
+            fixed, others, room = _greedy_prefix(tokens, items, cap)
+            options = []
+            if room >= 0:
+                work += len(others) * (room + 1)
+                options = [
+                    [*fixed, *sub]
+                    for sub in _completions(tokens, others, max(0, room - slack), room, BRANCH)
+                ]
+            frames.append((items, slack, options))
+        # Take the next untried completion, backtracking through exhausted frames.
+        while True:
+            if not frames or work > WORK_LIMIT or (clock is not None and clock.expired()):
+                return None
+            before, slack_before, untried = frames[-1]
+            if untried:
+                chosen = untried.pop(0)
+                k = len(frames) - 1
+                out[order[k]] = chosen
+                taken = set(chosen)
+                items = [s for s in before if s not in taken]
+                slack = slack_before - (capacities[order[k]] - sum(tokens[s] for s in chosen))
+                break
+            frames.pop()
