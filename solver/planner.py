@@ -690,13 +690,15 @@ def _wide_tiling(
     budget: Budget,
     tried: list[list[int]],
 ) -> tuple[list[int], list[list[int]]] | None:
-    """The candidate tiling with a parent wider than a node (where node-local children gain
+    """The candidate tiling with a parent at least a node wide (where node-local children gain
     most, so unrepacked time ranks it worst) not yet tried with the lowest repacked bound, if
-    that bound can beat ``incumbent_s``, with its exact-time membership (``tilings``)."""
+    that bound can beat ``incumbent_s``, with its exact-time membership (``tilings``). The
+    node-wide tiling counts: under a loader of wider parents it is often the fastest repacked
+    (every parent one node, so its full layers' all-to-all stays inside it too)."""
     ranked = sorted(
         (membership_free_bound(problem, t, repack=True), t)
         for t in candidate_tilings(problem, allowed, world)
-        if t not in tried and max(t) > problem.cost.gpus_per_node
+        if t not in tried and max(t) >= problem.cost.gpus_per_node
     )
     if not ranked or _beyond(ranked[0][0], incumbent_s):
         return None

@@ -11,12 +11,13 @@ import pytest
 
 from solver.budget import Budget
 from solver.errors import PlanningError
+from solver.io import load_document
 from solver.plan_builder import canonical_json
 from solver.planner import _repack_parent, plan
 from solver.problem import Problem
 from solver.schema import Plan, PlanRequest
 from solver.tilings import tiling_memberships
-from solver.trace import load_trace
+from solver.trace import Scenario, load_trace
 from solver.validate import validate_plan
 from tests.helpers import ROOT, example_request, long_tailed_lengths, request
 from tests.solver.default_profile_golden import scenario_path
@@ -170,6 +171,31 @@ def test_toy_scale_metrics_validate_and_dumped_requests_reload() -> None:
         assert p.metrics.step_time_ms < 1e-2
         assert validate_plan(req, p) == [], mode
     assert PlanRequest.model_validate(req.model_dump()) == req
+
+
+def sixteen_rank_loader_step(index: int) -> PlanRequest:
+    """Step ``index`` of ``gpu64-packed.yaml``'s loader with 16-rank parents (seed 99)."""
+    data = load_document(scenario_path("gpu64-packed.yaml"))
+    data["trace"].update(seed=99, steps=index + 1)
+    data["trace"]["loader"]["min_parent_size"] = 16
+    return next(islice(Scenario.model_validate(data).requests(), index, None))
+
+
+def test_repack_sizing_tries_the_node_wide_tiling_when_the_loader_is_wider() -> None:
+    """A loader's 16-rank parents: the node-wide tiling [8] * 8 (every parent one node, its
+    children node-local) with repack+parent's pipeline beats the narrower tilings the sizing
+    found (step 7: [4] * 16, 3,993 ms); repack+sizing tried only tilings wider than a node
+    there, so it must now be at least as fast as that pipeline on [8] * 8."""
+    step = sixteen_rank_loader_step(7).model_copy(
+        update={"mode": "repack+sizing", "deadline_ms": 60000}
+    )
+    problem = Problem.from_request(step)
+    budget = Budget(60000.0, True)
+    members = tiling_memberships(problem, [8] * 8, budget)[0]
+    node_wide = _repack_parent(problem, [8] * 8, members, budget)
+    assert node_wide is not None
+    result = plan(step)
+    assert result.metrics.step_time_ms <= node_wide.evaluation.step_s * 1e3 * (1 + 1e-9)
 
 
 def test_repack_sizing_repacks_a_wide_tiling_slow_unrepacked() -> None:
