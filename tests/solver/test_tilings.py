@@ -129,12 +129,13 @@ def test_repack_sizing_searches_from_every_tiling_on_packed_steps(
     case: tuple[int, int, int, float, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On packed steps ``repack+sizing``'s LNS also starts from each simple tiling's best
-    layout: here a start slower before the search ends faster after it (0.4-1.4%)."""
+    layout: here a start slower before the search ends faster after it (0.18% / 0.44%; the
+    first was 1.5% before the single start also got the node-wide tiling's pipeline)."""
     request = loader_request(*case).model_copy(
         update={"mode": "repack+sizing", "deadline_ms": 60_000}
     )
     both = plan(request)
     monkeypatch.setattr(planner, "TIGHT_FILL", 2.0)  # one start only, as on unpacked steps
     one = plan(request)
-    assert both.metrics.step_time_ms < one.metrics.step_time_ms * (1 - 0.002)
+    assert both.metrics.step_time_ms < one.metrics.step_time_ms * (1 - 0.001)
     assert validate_plan(request, both) == []
