@@ -6,7 +6,9 @@ no free token anywhere: a membership must partition the samples into the parents
 exactly. The greedy fills of ``exact_fill`` strand a sample when each parent holds only a few
 (one-rank parents of long documents), and CP-SAT's propagation is weak on equality knapsacks
 (a 6-bin, 34-sample exact partition stays unsolved at its work limit). Refusing such a step
-would tell the caller to shrink a batch that fits.
+would tell the caller to shrink a batch that fits. The same holds one level down: a parent
+full to the token whose nodes no greedy fill can split stays unrepacked
+(``node_packing.pack_by_nodes`` uses this search too, at a smaller work cap).
 
 Bin completion (after Korf's bin-completion search): bins in order of capacity; each takes the
 longest sample left and then a *completion*, a subset of the others that fills it to within the
@@ -101,10 +103,12 @@ def complete_bins(
     members: Sequence[int],
     capacities: Sequence[int],
     clock: Budget | None = None,
+    work_limit: int = WORK_LIMIT,
 ) -> list[list[int]] | None:
     """``members`` into bins of ``capacities`` tokens (bins in the given order), every bin
-    within its memory; None when the search finds no packing within ``WORK_LIMIT`` (or the
-    clock, which it then marks as fired). Deterministic: sorted orders, index tie-breaks."""
+    within its memory; None when the search finds no packing within ``work_limit``
+    sample-bits (or the clock, which it then marks as fired). Deterministic: sorted orders,
+    index tie-breaks."""
     tokens = problem.tokens
     bins = len(capacities)
     slack = sum(capacities) - sum(tokens[s] for s in members)
@@ -141,7 +145,7 @@ def complete_bins(
             frames.append((items, slack, options))
         # Take the next untried completion, backtracking through exhausted frames.
         while True:
-            if not frames or work > WORK_LIMIT or (clock is not None and clock.expired()):
+            if not frames or work > work_limit or (clock is not None and clock.expired()):
                 return None
             before, slack_before, untried = frames[-1]
             if untried:
