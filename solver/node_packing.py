@@ -26,10 +26,12 @@ from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.layout import Child, Parent
 from solver.problem import Problem
 
-NODE_WORK_LIMIT = 1 << 24
+NODE_WORK_LIMIT = 1 << 27
 """``bin_completion``'s work cap (sample-bits) for a parent's nodes filled to the token: node
-packings run many times per request, so a search that fails must fail in milliseconds; a
-few samples per node fill at a fraction of it. (Children are not filled this way: more
+packings run many times per request, so a search that fails must fail in a few tens of
+milliseconds. A node of 8 x 32,768 tokens and ~60 samples takes ~16M sample-bits a node, so
+2^24 only sufficed for 16-rank parents (two 32-rank parents full to the token stayed
+unrepacked at 1.000x on 4 of 6 steps). (Children are not filled this way: more
 exactly-full child options left the LNS stuck in them, `repack+parent` up to 3.5% slower on
 single steps of a truncating loader's trace.)"""
 
