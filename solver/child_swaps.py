@@ -28,7 +28,7 @@ import itertools
 from dataclasses import dataclass
 
 from solver.budget import Budget
-from solver.cost_model import ceil_div, child_layer_seconds, full_layer_seconds
+from solver.cost_model import ceil_div, child_layer_seconds
 from solver.layout import Child, Layout, Parent
 from solver.node_membership import TIGHT_FILL
 from solver.problem import Problem
@@ -69,11 +69,21 @@ class _Kid:
     samples: list[int]
     sparse_s: float
     tokens: int
+    per_token: float
+    """``CostModel.token_seconds`` of the child's size (the terms of ``child_layer_seconds``,
+    kept here: the trials below evaluate them millions of times per request)."""
+    fixed: float
+    """``CostModel.layer_fixed_seconds`` of the child's size."""
 
-    def seconds(self, problem: Problem, d_sparse: float = 0.0, d_tokens: int = 0) -> float:
-        return child_layer_seconds(
-            problem.cost, self.size, self.sparse_s + d_sparse, self.tokens + d_tokens
-        )
+    def seconds(self, d_sparse: float = 0.0, d_tokens: int = 0) -> float:
+        """``child_layer_seconds`` with the child's sums shifted (the same float operations,
+        so the same bits)."""
+        tokens = self.tokens + d_tokens
+        if tokens == 0:
+            return 0.0
+        size = self.size
+        sparse = (self.sparse_s + d_sparse) / size
+        return sparse + ceil_div(tokens, size) * self.per_token + self.fixed
 
 
 @dataclass
@@ -82,6 +92,9 @@ class _Par:
     size: int
     kids: list[_Kid]
     full_s: float
+    per_token: float
+    """``CostModel.token_seconds`` of the parent's size (``full_layer_seconds``' terms)."""
+    fixed: float
 
 
 class _Swaps:
@@ -90,6 +103,7 @@ class _Swaps:
         self.within = within
         """Exchanges only between children of the critical parent (membership kept)."""
         self.pars: list[_Par] = []
+        cost = problem.cost
         for parent in layout:
             kids = [
                 _Kid(
@@ -98,11 +112,15 @@ class _Swaps:
                     list(c.samples),
                     sum(problem.sparse_s[s] for s in c.samples),
                     sum(problem.tokens[s] for s in c.samples),
+                    cost.token_seconds(c.size),
+                    cost.layer_fixed_seconds(c.size),
                 )
                 for c in parent.children
             ]
             full = sum(problem.full_s[s] for c in parent.children for s in c.samples)
-            self.pars.append(_Par(parent.start, parent.size, kids, full))
+            size = parent.size
+            per_token, fixed = cost.token_seconds(size), cost.layer_fixed_seconds(size)
+            self.pars.append(_Par(parent.start, size, kids, full, per_token, fixed))
         self.times = [0.0] * len(self.pars)
         self.cache: list[tuple[list[float], list[int], list[int], list[int]]] = [
             ([], [], [], []) for _ in self.pars
@@ -121,7 +139,7 @@ class _Swaps:
         """Parent ``j``'s time and, per child, its sparse-layer seconds and busiest rank, with
         the three largest of each (what a trial that changes two children needs)."""
         par = self.pars[j]
-        secs = [k.seconds(self.p) for k in par.kids]
+        secs = [k.seconds() for k in par.kids]
         old = self.cache[j][0]  # empty on the first refresh
         for i, sec in enumerate(secs):
             if i < len(old):
@@ -160,13 +178,27 @@ class _Swaps:
         most two children) and its full-layer sum shifted by ``d_full``."""
         cost, par = self.p.cost, self.pars[j]
         secs, busy, top_secs, top_busy = self.cache[j]
-        sparse = next((secs[i] for i in top_secs if i not in changes), 0.0)
-        busiest = next((busy[i] for i in top_busy if i not in changes), 0)
+        sparse = 0.0
+        for i in top_secs:
+            if i not in changes:
+                sparse = secs[i]
+                break
+        busiest = 0
+        for i in top_busy:
+            if i not in changes:
+                busiest = busy[i]
+                break
+        kids = par.kids
         for i, (ds, dt) in changes.items():
-            kid = par.kids[i]
-            sparse = max(sparse, kid.seconds(self.p, ds, dt))
-            busiest = max(busiest, ceil_div(kid.tokens + dt, kid.size))
-        full = full_layer_seconds(cost, par.size, par.full_s + d_full, busiest)
+            kid = kids[i]
+            sec = kid.seconds(ds, dt)
+            if sec > sparse:
+                sparse = sec
+            rank = ceil_div(kid.tokens + dt, kid.size)
+            if rank > busiest:
+                busiest = rank
+        # ``full_layer_seconds``, its terms kept per parent (the same bits)
+        full = (par.full_s + d_full) / par.size + busiest * par.per_token + par.fixed
         return cost.full_layers * full + cost.sparse_layers * sparse
 
     def _trial(self, c: int, ci: int, a: int, q: int, di: int, b: int | None) -> float:
@@ -439,15 +471,19 @@ class _Swaps:
         p = self.p
         self.tries += 1  # the child looked at
         src, dst = self.pars[c].kids[ci], self.pars[q].kids[di]
-        src_room = p.capacity(src.size) - src.tokens + p.tokens[a]
-        dst_room = p.capacity(dst.size) - dst.tokens - p.tokens[a]
+        ta = p.tokens[a]
+        per_rank = p.cost.max_tokens_per_rank
+        src_room = src.size * per_rank - src.tokens + ta
+        dst_room = dst.size * per_rank - dst.tokens - ta
         # a swap partner keeps both children within memory
         samples, lengths = self._by_tokens(q, di)
-        lo = bisect.bisect_left(lengths, -dst_room)
-        hi = bisect.bisect_right(lengths, src_room)
-        # shorter than ``a`` (an equal length changes nothing), longest first
-        lighter = samples[lo : min(hi, bisect.bisect_left(lengths, p.tokens[a]))][::-1]
+        first = bisect.bisect_left(lengths, -dst_room)
+        # shorter than ``a`` (an equal length changes nothing)
+        end = min(bisect.bisect_right(lengths, src_room), bisect.bisect_left(lengths, ta))
+        if end <= first and dst_room < 0:
+            return False  # no partner and no room: nothing to try
         if q == c:
+            lighter = samples[first:end][::-1]  # longest first
             return self._try_within(c, ci, a, di, lighter, dst_room >= 0, target, limit)
         if dst_room >= 0:
             self.tries += 1  # the move: the critical side gains the most (``step`` checked)
@@ -458,14 +494,16 @@ class _Swaps:
         # the receiver faster, the heavier the partner. So the heaviest partner that gets the
         # critical parent under ``target`` is the only one to try: if the receiver is over
         # with it, it is over with every lighter one. It is found by galloping (usually the
-        # heaviest partner already does), then bisection.
-        lo, hi, step = 0, len(lighter), 1
+        # heaviest partner already does), then bisection. Partner ``k`` (0: the heaviest) is
+        # ``samples[end - 1 - k]``.
+        count = max(0, end - first)
+        lo, hi, step = 0, count, 1
         while lo < hi:
             if self.tries >= limit:
                 return False
             self.tries += 1
             probe = min(lo + step - 1, hi - 1)
-            if self._side(c, ci, a, lighter[probe]) < target:
+            if self._side(c, ci, a, samples[end - 1 - probe]) < target:
                 hi = probe
                 break
             lo, step = probe + 1, step * 2
@@ -474,14 +512,14 @@ class _Swaps:
                 return False
             self.tries += 1
             mid = (lo + hi) // 2
-            if self._side(c, ci, a, lighter[mid]) < target:
+            if self._side(c, ci, a, samples[end - 1 - mid]) < target:
                 hi = mid
             else:
                 lo = mid + 1
-        if lo == len(lighter) or self.tries >= limit:
+        if lo == count or self.tries >= limit:
             return False
         self.tries += 1
-        b = lighter[lo]
+        b = samples[end - 1 - lo]
         if self._side(q, di, b, a) < target:
             self._commit(c, ci, a, q, di, b)
             return True

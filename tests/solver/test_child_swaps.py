@@ -217,7 +217,7 @@ def test_receivers_stay_every_child_in_order_of_its_seconds_after_each_swap(
     while swaps.step(10_000):
         steps += 1
         fresh = sorted(
-            (kid.seconds(problem), j, i)
+            (kid.seconds(), j, i)
             for j, par in enumerate(swaps.pars)
             for i, kid in enumerate(par.kids)
         )
