@@ -178,7 +178,9 @@ def repacked_slack_bound(problem: Problem, sizes: Sequence[int], repack: bool = 
                 big_sparse[pair_a] + big_sparse[pair_b],
                 busiest[0],
             )
-            shared = np.where(holds[:, :, None], both[None, :, :], np.inf).min(axis=1)
+            shared = np.where(holds[:, :, None], both[None, :, :], np.inf).min(
+                axis=1, initial=np.inf
+            )  # a lone long sample has no pair: nothing shared
         else:
             ranked = np.full((len(masks), len(phi)), np.inf)
             own = np.full((k_big, len(phi)), np.inf)

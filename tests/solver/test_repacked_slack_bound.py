@@ -171,3 +171,20 @@ def test_repack_parent_reports_it_for_its_own_sizes() -> None:
     assert p.metrics.lower_bound_ms is not None
     assert p.metrics.lower_bound_ms >= own * 1e3 * (1 - 1e-6)
     assert p.metrics.lower_bound_ms <= p.metrics.step_time_ms
+
+
+@pytest.mark.parametrize("mode", ["baseline", "sizing", "repack", "repack+parent", "repack+sizing"])
+@pytest.mark.parametrize(("gpus", "per_rank"), [(8, 4096), (32, 16_777_216)])
+def test_one_sample_filling_the_memory_is_planned(mode: str, gpus: int, per_rank: int) -> None:
+    """One long sample and nothing else, exactly as long as the node's memory: no pair of
+    long samples exists to share a child. The bound priced pairs anyway and raised numpy's
+    "zero-size array to reduction operation minimum" in the repacked modes (a hunt over
+    hostile but valid requests, 2026-12-06: 81 of them, every one a single long sample)."""
+    request = PlanRequest(
+        cluster={"nodes": 1, "gpus_per_node": gpus, "max_tokens_per_rank": per_rank},
+        lengths=[gpus * per_rank],
+        mode=mode,
+    )
+    got = plan(request)
+    assert got.metrics.lower_bound_ms <= got.metrics.step_time_ms
+    assert [p.ranks for p in got.parents] == [[0, gpus]]
