@@ -169,10 +169,11 @@ def memory_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
     """Bound from memory: whatever parent of size ``P`` (among ``sizes``, which tile the
     cluster) holds the longest sample, the other ranks hold at most ``(W - P) * cap`` tokens,
     so that parent also holds ``R = total - L - (W - P) * cap`` tokens of other samples. The
-    cheapest such filler is the shortest samples (attention per token grows with length),
-    taken fractionally; the parent's time is bounded as in ``parent_bound`` with the filler's
-    sums. Loaders that pack every rank to its budget make ``R`` large: this is what bounds the
-    memory-tight steps, where the balance bounds assume room that is not there."""
+    cheapest such filler is the shortest samples (attention per token grows with length, once
+    the per-sample overheads are left out), taken fractionally; the parent's time is bounded
+    as in ``parent_bound`` with the filler's sums. Loaders that pack every rank to its
+    budget make ``R`` large: this is what bounds the memory-tight steps, where the balance
+    bounds assume room that is not there."""
     cost = problem.cost
     longest = max(range(problem.num_samples), key=lambda s: (problem.tokens[s], -s))
     length = problem.tokens[longest]
@@ -181,6 +182,11 @@ def memory_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
         (s for s in range(problem.num_samples) if s != longest),
         key=lambda s: (problem.tokens[s], s),
     )
+    attention_full, attention_sparse = (
+        problem.costs.full_attention_s,
+        problem.costs.sparse_attention_s,
+    )
+    lin = cost.linear_seconds_per_token
     best = float("inf")
     for size in sorted(set(sizes)):
         if problem.capacity(size) < length:
@@ -192,13 +198,14 @@ def memory_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> float:
             problem.work_s[longest],
             length,
         )
-        for s in shortest:
+        for s in shortest:  # fillers without their per-sample overheads (node_memory_bound)
             if need <= 0:
                 break
             share = min(1.0, need / problem.tokens[s])
-            full += share * problem.full_s[s]
-            sparse += share * problem.sparse_s[s]
-            work += share * problem.work_s[s]
+            filler_sparse = float(attention_sparse[s])
+            full += share * float(attention_full[s])
+            sparse += share * filler_sparse
+            work += share * (filler_sparse + problem.tokens[s] * lin)
             tokens += min(need, problem.tokens[s])
             need -= problem.tokens[s]
         whole = unrepacked_parent_seconds(cost, size, full, sparse, tokens)

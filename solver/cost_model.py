@@ -243,6 +243,12 @@ class SampleCosts:
     """Sparse attention of one sparse layer, on one rank."""
     model_flops: float
     """Whole step, all samples, forward + backward (for MFU)."""
+    full_attention_s: NDArray[np.float64]
+    """``full_s`` without the per-sample overhead (``sample_full_s``): per token it never
+    falls with the length, which the bounds' fractional fillers (the shortest samples first)
+    rely on. With the overhead a short sample costs more per token than a longer one."""
+    sparse_attention_s: NDArray[np.float64]
+    """``sparse_s`` without the per-sample overhead (``sample_sparse_s``), as above."""
 
     @classmethod
     def build(cls, cost: CostModel, lengths: Sequence[int]) -> SampleCosts:
@@ -257,11 +263,15 @@ class SampleCosts:
             + cost.sparse_layers * float(sparse.sum())
             + layers * linear_total
         )
+        full_attention = full / cost.full_flops_per_s
+        sparse_attention = sparse / cost.sparse_flops_per_s
         return cls(
             tokens=tokens,
-            full_s=full / cost.full_flops_per_s + cost.sample_full_s,
-            sparse_s=sparse / cost.sparse_flops_per_s + cost.sample_sparse_s,
+            full_s=full_attention + cost.sample_full_s,
+            sparse_s=sparse_attention + cost.sample_sparse_s,
             model_flops=model_flops,
+            full_attention_s=full_attention,
+            sparse_attention_s=sparse_attention,
         )
 
 

@@ -13,6 +13,10 @@ which is what left 5-10% gaps on packed wide steps.
 Fillers are the shortest samples taken fractionally: per token, attention cost and the
 smallest feasible child both grow with length, so they are the cheapest tokens to add, for
 each term separately (each term is bounded by its own minimum, so the sum stays a bound).
+Fillers are priced without the profile's per-sample overheads (``SampleCosts.
+sparse_attention_s``): with them a short sample costs more per token than a longer one, and
+the shortest-first filler priced a parent above a plan of it (a hunt over profiles with
+``sample_overhead_us_*`` set, 2026-12-06); leaving the fillers' overheads out keeps a bound.
 """
 
 from __future__ import annotations
@@ -84,14 +88,14 @@ class _Pool:
     def __init__(self, problem: Problem, order: NDArray[np.int64], size: int) -> None:
         """``order``: the samples, shortest first (``shortest_first``)."""
         tokens = problem.costs.tokens[order]
-        sparse = problem.costs.sparse_s[order]
+        sparse = problem.costs.sparse_attention_s[order]  # no per-sample overhead: see above
         lin = problem.cost.linear_seconds_per_token
         floor = sparse + tokens * (lin + floor_a2a(problem, tokens, size))
         zero = np.zeros(1)
         self.tokens = tokens
         self.cum = [
             np.concatenate([zero, np.cumsum(a)])
-            for a in (tokens, problem.costs.full_s[order], sparse, floor)
+            for a in (tokens, problem.costs.full_attention_s[order], sparse, floor)
         ]
 
     def fill(self, need: float) -> _Filler:

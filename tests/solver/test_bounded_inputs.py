@@ -112,6 +112,7 @@ def _power_of_two(limit: int) -> st.SearchStrategy[int]:
 def extreme_requests(draw: st.DrawFn) -> PlanRequest:
     """Any accepted request on a small cluster, with physical constants anywhere in range."""
     eff = _spread(*EFFICIENCY_RANGE, open_low=True)
+    overhead = st.sampled_from([0.0, 0.0, 50.0, LATENCY_US_RANGE[1]])
     profile = Profile(
         peak_tflops=draw(_spread(*PEAK_TFLOPS_RANGE)),
         efficiency_full_attention=draw(eff),
@@ -120,6 +121,12 @@ def extreme_requests(draw: st.DrawFn) -> PlanRequest:
         intra_node_gbps=draw(_spread(*BANDWIDTH_GBPS_RANGE)),
         inter_node_gbps=draw(_spread(*BANDWIDTH_GBPS_RANGE)),
         collective_latency_us=draw(st.sampled_from([0.0, LATENCY_US_RANGE[1], 1.0])),
+        # per-sample overheads make short samples dearer per token than long ones, which the
+        # memory bounds' fillers assumed away (test_sample_overhead_bounds.py)
+        collective_latency_us_per_peer=draw(overhead),
+        layer_overhead_us=draw(overhead),
+        sample_overhead_us_full=draw(overhead),
+        sample_overhead_us_sparse=draw(overhead),
     )
     heads = draw(_power_of_two(MAX_HEADS))
     model = {
