@@ -42,7 +42,7 @@ from solver.membership import Objective, balance, make_room, members_from_parent
 from solver.membership_lns import MIN_GAIN, improve, search_scale, searches
 from solver.node_child_sizes import resized
 from solver.node_membership import TIGHT_FILL, node_seed, node_seeds, small_request
-from solver.node_repack_moves import repack_moves
+from solver.node_repack_moves import repack_moves, repacks_nodes
 from solver.parent_packer import ParentPacker, SizedMembership
 from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
@@ -225,7 +225,7 @@ def _swapped_and_resized(
         evaluation = evaluate(swapped, problem.cost, problem.costs)
         if evaluation.step_s < fixed.evaluation.step_s:
             fixed = ChildrenSolution(swapped, evaluation, fixed.parent_bounds)
-    if small_request(problem, [par.size for par in fixed.layout]) and not budget.expired():
+    if repacks_nodes(problem, [par.size for par in fixed.layout]) and not budget.expired():
         moved = repack_moves(problem, fixed.layout, budget)
         if moved is not fixed.layout:
             moved = swap_children(problem, moved, budget, within=True)

@@ -353,6 +353,13 @@ HUNTED = [
     # lowers eight level ranks; the reference moves samples from node 1 to node 0 and re-packs
     # node 1 each time, which levels every rank of the parent near 32,170 tokens.
     ("hunt-4x8-two-parents-16-920021.json", ("repack",)),  # +0.139%
+    # 32 GPUs of 4-GPU nodes, four 8-rank parents (FFS, 16 heads), 312 samples (2026-12-06
+    # night, --family four-parents-8x4, seed 9001015; 1 of ~20): the critical parent's second
+    # node as two children of 2 at 29,609 tokens a rank, where the reference moves ~1,900
+    # tokens to the first node's child of 4 and packs the second as four children of 1. The
+    # node re-packing moves do that, but only ran up to 2,000 sample x node-bin pairs (this
+    # step has 2,496); they now run on every request of up to 32 ranks.
+    ("hunt-8x4-four-parents-8-9001015.json", ("repack",)),  # +0.201%
 ]
 
 
