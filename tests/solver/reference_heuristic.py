@@ -34,18 +34,19 @@ class _Bin:
     ranks: int
     samples: list[int] = field(default_factory=list)
 
-    memo: tuple[tuple[int, ...], list[Child] | None] | None = None
-    """The last ``_lpt_children`` of this bin and the samples it was for: a trial move changes
-    two bins, and the parents' other bins keep theirs (the 64-GPU tests' runtime)."""
-
     def tokens(self, p: Problem) -> int:
         return sum(p.tokens[s] for s in self.samples)
 
-    def children(self, p: Problem) -> list[Child] | None:
-        key = tuple(self.samples)
-        if self.memo is None or self.memo[0] != key:
-            self.memo = (key, _lpt_children(p, self.samples, self.start, self.ranks))
-        return self.memo[1]
+    def key(self) -> tuple[int, int, tuple[int, ...]]:
+        """What ``_lpt_children`` depends on: LPT sorts the samples, so their order does not
+        count."""
+        return (self.start, self.ranks, tuple(sorted(self.samples)))
+
+    def children(self, p: Problem, memo: dict[object, list[Child] | None]) -> list[Child] | None:
+        key = self.key()
+        if key not in memo:
+            memo[key] = _lpt_children(p, self.samples, self.start, self.ranks)
+        return memo[key]
 
 
 def _lpt_children(p: Problem, samples: Sequence[int], start: int, q: int) -> list[Child] | None:
@@ -82,6 +83,10 @@ class Reference:
         self.starts = parent_starts(sizes)
         g = p.cost.gpus_per_node
         self.whole = [not repack] * len(sizes)
+        # Pure functions of a bin's (a parent's) sample set, memoised: the moves re-try the
+        # same sets after every accepted move, which changes only two bins (the tests' runtime).
+        self.children_memo: dict[object, list[Child] | None] = {}
+        self.time_memo: dict[object, float] = {}
         self.bins: list[list[_Bin]] = []
         for j, (start, size) in enumerate(zip(self.starts, sizes, strict=True)):
             q = size if (size <= g or not repack) else g
@@ -98,7 +103,7 @@ class Reference:
             return whole
         children: list[Child] = []
         for b in self.bins[j]:
-            kids = b.children(p)
+            kids = b.children(p, self.children_memo)
             if kids is None:
                 return whole
             children += kids
@@ -107,8 +112,14 @@ class Reference:
         return split if t(split, p.cost, p.costs) < t(whole, p.cost, p.costs) else whole
 
     def time(self, j: int) -> float:
-        parent = self.parent(j)
-        return float("inf") if parent is None else parent_time(parent, self.p.cost, self.p.costs)
+        key = (self.starts[j], self.sizes[j], self.whole[j], tuple(b.key() for b in self.bins[j]))
+        if key not in self.time_memo:
+            parent = self.parent(j)
+            p = self.p
+            self.time_memo[key] = (
+                float("inf") if parent is None else parent_time(parent, p.cost, p.costs)
+            )
+        return self.time_memo[key]
 
     def place(self, samples: Sequence[int]) -> bool:
         """LPT onto bins; False when a sample finds no memory."""
