@@ -95,6 +95,9 @@ def _check_parents(request: PlanRequest, plan: Plan) -> list[str]:
         why = parent_size_error(size, start, cluster, model) if size >= 1 else "is empty"
         if why is not None:
             errors.append(f"parent {j}: {why}")
+        absent = [s for s in p.samples if not 0 <= s < len(request.lengths)]
+        if absent:
+            errors.append(f"parent {j}: samples {absent[:10]} do not exist")
         tokens = sum(request.lengths[s] for s in p.samples if 0 <= s < len(request.lengths))
         if size >= 1 and tokens > size * cluster.max_tokens_per_rank:
             errors.append(f"parent {j}: {tokens} tokens exceed its memory")
@@ -218,6 +221,8 @@ def _check_metrics(request: PlanRequest, plan: Plan) -> list[str]:
     m = plan.metrics
     if step_ms <= 0 or m.step_time_ms <= 0:
         return [f"metrics.step_time_ms = {m.step_time_ms}, the cost model gives {step_ms:.6g}"]
+    if m.baseline_step_time_ms <= 0:
+        return [f"metrics.baseline_step_time_ms = {m.baseline_step_time_ms} must be positive"]
     checks: Sequence[tuple[str, float, float, float]] = [
         ("step_time_ms", m.step_time_ms, step_ms, 0.0),
         ("mfu", m.mfu, mfu(cost, costs.model_flops, step_ms / 1e3), 1e-4),
