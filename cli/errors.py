@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from solver.errors import PlanningError
+from solver.errors import DocumentError, PlanningError
 
 PROG = "repack"
 EXIT_BAD_INPUT = 2
@@ -38,6 +38,7 @@ INPUT_ERRORS = (
     yaml.YAMLError,
     ValidationError,
     PlanningError,
+    DocumentError,
     InputError,
 )
 """Exceptions that mean bad input; any other exception is a bug and keeps its traceback."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,9 +13,17 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
 
     The text goes to a temporary file in the same directory (same file system), is flushed to
-    disk, then renamed over ``path``; on any error the temporary file is removed.
+    disk, then renamed over ``path``; on any error the temporary file is removed. A symlink is
+    followed (its target gets the text, the link stays), an existing file keeps its mode and a
+    new one gets the umask's, and a path that is not a regular file (a FIFO, ``/dev/stdout``)
+    is written in place: renaming over it would replace it, not feed it.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        with open(path, "w") as f:  # a directory raises IsADirectoryError, naming it
+            f.write(text)
+        return
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:  # name the file the user asked for, not the temporary one
@@ -23,11 +32,19 @@ def write_atomic(path: str | Path, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> str:

@@ -10,13 +10,13 @@ with the starting profile, and the constants that best explain the measured time
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from cli.errors import InputError, reading
 from cli.options import MODES
 from solver.calibration_fit import CalibrationFitError
+from solver.io import parse_document
 from solver.measurement_schema import MeasuredStep
 from solver.planner import plan
 from solver.profile_feedback import (
@@ -53,11 +53,11 @@ def read_measurements(path: str | Path) -> list[MeasuredStep]:
     """Every line of ``path`` as a ``MeasuredStep``; errors name the file and line."""
     out = []
     with reading(path):
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        for n, line in enumerate(Path(path).read_bytes().splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                out.append(MeasuredStep.model_validate(json.loads(line)))
+                out.append(MeasuredStep.model_validate(parse_document(line)))
             except (ValueError, TypeError) as exc:
                 exc.add_note(f"in {path}, line {n}")
                 raise

@@ -17,6 +17,11 @@ class PlanningError(RepackError, ValueError):
         self.message = message
 
 
+class DocumentError(RepackError, ValueError):
+    """A file that is not a JSON/YAML document the schema can read: not UTF-8 text, nested
+    deeper than the parser's recursion, an integer literal too long to convert."""
+
+
 class InfeasibleRequestError(PlanningError):
     """No layout satisfies the memory limit for these lengths and parents."""
 
