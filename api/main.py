@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 metrics,
                 settings.plan_cache_size,
                 settings.default_deadline_ms,
-                WorkLimits(settings.max_samples, settings.max_samples_x_ranks),
+                WorkLimits(settings.max_samples, settings.max_samples_x_ranks, settings.max_ranks),
             )
             if settings.anonymous_allowed:
                 log.warning(

@@ -62,6 +62,9 @@ class WorkLimits:
 
     max_samples: int
     max_samples_x_ranks: int
+    max_ranks: int = 16_384
+    """A plan carries split sizes for every rank of every parent: 262,144 ranks took 21 s and
+    39 MB for one sample, past any deadline (the worker was killed on every retry)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,12 @@ class PlanService:
     def check_size(self, request: PlanRequest) -> None:
         """Refuse work no deadline can serve before it reaches a worker."""
         samples, ranks = len(request.lengths), request.cluster.world_size
+        if ranks > self.work.max_ranks:
+            raise RequestTooLarge(
+                "cluster",
+                f"{request.cluster.nodes} nodes x {request.cluster.gpus_per_node} GPUs = {ranks} "
+                f"ranks exceed the limit of {self.work.max_ranks} per request (REPACK_MAX_RANKS)",
+            )
         if samples > self.work.max_samples:
             raise RequestTooLarge(
                 "lengths",

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     max_samples_x_ranks: int = Field(
         2**24, ge=1, description="Most samples x ranks (GPUs) in one request (422)."
     )
+    max_ranks: int = Field(
+        16_384, ge=1, description="Most ranks (nodes x GPUs) in one request (422 naming cluster)."
+    )
     hard_stop_factor: float = Field(
         5.0, ge=1, description="A solve running this many times its deadline is killed."
     )

@@ -63,6 +63,21 @@ def test_samples_times_ranks_limit(db_url: str, start_server: ServerFactory) -> 
     assert "60 samples x 64 ranks" in over.json()["detail"]
 
 
+def test_a_cluster_of_too_many_ranks_is_refused_naming_the_field(client: httpx.Client) -> None:
+    """4,096 nodes of 64 GPUs and one sample passed every limit (a hostile-input hunt,
+    2026-12-07): the solve took 21 s and 39 MB, the worker was killed at the hard stop, and
+    other callers got 503s meanwhile, on every retry."""
+    big = {"cluster": {"nodes": 4096, "gpus_per_node": 64}, "lengths": [1]}
+    r = client.post("/v1/plans", json=big)
+    assert r.status_code == 422
+    problem = r.json()
+    assert problem["type"].endswith("request-too-large")
+    assert problem["errors"][0]["location"] == "body.cluster"
+    assert "262144 ranks" in problem["detail"] and "REPACK_MAX_RANKS" in problem["detail"]
+    ok = client.post("/v1/plans", json={"cluster": {"nodes": 2}, "lengths": [100, 200]})
+    assert ok.status_code == 200
+
+
 def test_a_500_says_connection_close_and_the_client_keeps_going(server: ServerThread) -> None:
     app: FastAPI = server.server.config.app
 
