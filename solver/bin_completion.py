@@ -22,6 +22,8 @@ net, checked between bins.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 
 from solver.budget import Budget
@@ -34,6 +36,12 @@ search below a wrong choice."""
 WORK_LIMIT = 1 << 32
 """Sample-bits of reachability bitsets the search may build (~0.5 s of CPU on the 2-core
 development machine); past it the search gives up (the caller's next fallback decides)."""
+
+FRAME_WORK = 1 << 16
+"""Work charged for each bin filled, besides its bitsets: the Python of one frame (~8 us with
+50 samples) is worth ~2^16 sample-bits at ``WORK_LIMIT``'s rate. Without it, bins of a few
+tokens (bitsets of a few bits) made the limit ~3e7 frames, minutes of CPU: 50 samples of 4
+tokens into ranks of 7, searched before the count bound proves it hopeless."""
 
 MAX_BITSET = 1 << 27
 """Largest ``samples x (room + 1)`` bitset table of one bin; bins with more room are filled
@@ -98,6 +106,48 @@ def _greedy_prefix(
     return fixed, rest, room if len(rest) * (room + 1) <= MAX_BITSET else -1
 
 
+def too_many_samples(
+    tokens: Sequence[int], members: Sequence[int], capacities: Sequence[int]
+) -> bool:
+    """True when no packing exists, by bounds that need no search: the token total fits but
+
+    - the count does not: a bin of ``c`` tokens holds at most as many samples as the shortest
+      ones that fit in ``c`` (50 samples of 4 tokens into 32 one-rank parents of 7 tokens hold
+      32 at most), or
+    - with equal bins, Martello and Toth's L2 bound exceeds them (40 samples of 4 tokens and 10
+      of 3 into 32 bins of 7: no two of the 4s share a bin).
+
+    The searches would only find that out by exhausting their work limits."""
+    lengths = sorted(tokens[s] for s in members)
+    prefix = list(itertools.accumulate(lengths))
+    if sum(bisect.bisect_right(prefix, cap) for cap in capacities) < len(lengths):
+        return True
+    return len(set(capacities)) == 1 and bins_needed(lengths, capacities[0]) > len(capacities)
+
+
+def bins_needed(lengths: Sequence[int], cap: int) -> int:
+    """Martello and Toth's L2 lower bound on the bins of ``cap`` that ``lengths`` need: for
+    each threshold ``a <= cap / 2``, samples above ``cap - a`` take a bin each, those in
+    ``(cap / 2, cap - a]`` too, and the ones in ``[a, cap / 2]`` fill what the latter leave
+    before opening bins of their own."""
+    if not lengths or max(lengths) > cap:
+        return len(lengths) + 1 if lengths else 0
+    ordered = sorted(lengths)
+    total = [0, *itertools.accumulate(ordered)]
+    n = len(ordered)
+    h = bisect.bisect_right(ordered, cap // 2)  # ordered[h:] are longer than half a bin
+    best = max(-(-total[n] // cap), n - h)
+    for i in range(h):
+        if i and ordered[i] == ordered[i - 1]:
+            continue
+        a = ordered[i]
+        m = bisect.bisect_right(ordered, cap - a)  # ordered[h:m] fit beside an ``a``
+        spare = (m - h) * cap - (total[m] - total[h])
+        small = total[h] - total[i]
+        best = max(best, (n - m) + (m - h) + max(0, -(-(small - spare) // cap)))
+    return best
+
+
 def complete_bins(
     problem: Problem,
     members: Sequence[int],
@@ -136,6 +186,7 @@ def complete_bins(
             cap = capacities[order[k]]
             fixed, others, room = _greedy_prefix(tokens, items, cap)
             options = []
+            work += FRAME_WORK
             if room >= 0:
                 work += len(others) * (room + 1)
                 options = [

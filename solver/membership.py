@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from solver.bin_completion import complete_bins
+from solver.bin_completion import complete_bins, too_many_samples
 from solver.budget import Budget
 from solver.errors import InfeasibleRequestError
 from solver.exact_fill import fill_bins, first_fit_decreasing
@@ -362,6 +362,8 @@ def balance(
             # room, subset sums fill the parents to the token (``exact_fill``).
             capacities = [problem.capacity(size) for size in sizes]
             samples = range(problem.num_samples)
+            if too_many_samples(problem.tokens, samples, capacities):
+                raise _no_membership(problem, sizes) from None
             start = fill_bins(problem, samples, capacities, list(sizes))
             if start is None:  # few samples, each a large share of a parent
                 start = first_fit_decreasing(problem, samples, capacities)
@@ -370,12 +372,7 @@ def balance(
             if start is None:  # only exact partitions fit (``packing_search``)
                 found = search_packing(problem, samples, capacities, clock)
                 if found.proven_infeasible:
-                    raise InfeasibleRequestError(
-                        "lengths",
-                        "these samples fit no membership of the parents' memory "
-                        f"(parents of {sorted(set(sizes))} ranks, "
-                        f"{problem.cost.max_tokens_per_rank} tokens per rank)",
-                    ) from None
+                    raise _no_membership(problem, sizes) from None
                 start = found.members
             if start is None:  # not proven infeasible: say what was not found, and why
                 used = sum(problem.tokens)
@@ -395,6 +392,16 @@ def balance(
     if evals > 0:
         bal.improve(bal.evals + evals, clock)
     return [sorted(ld.members) for ld in bal.loads]
+
+
+def _no_membership(problem: Problem, sizes: Sequence[int]) -> InfeasibleRequestError:
+    """Proven: by a bound on the bins (``too_many_samples``) or by CP-SAT."""
+    return InfeasibleRequestError(
+        "lengths",
+        "these samples fit no membership of the parents' memory "
+        f"(parents of {sorted(set(sizes))} ranks, "
+        f"{problem.cost.max_tokens_per_rank} tokens per rank)",
+    )
 
 
 def _lpt_by_tokens(problem: Problem, size: int, parents: int) -> list[list[int]] | None:

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from solver.bin_completion import _completions, complete_bins
+from solver.bin_completion import _completions, bins_needed, complete_bins, too_many_samples
 from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.planner import plan
 from solver.problem import Problem
@@ -311,3 +311,77 @@ def test_parents_full_to_the_token_are_repacked_into_node_local_children(
     assert all(c.ranks[1] - c.ranks[0] <= 8 for c in got.children)  # node-local
     assert any(c.ranks[1] - c.ranks[0] < widths[c.parent] for c in got.children)
     assert got.metrics.step_time_ms < got.metrics.baseline_step_time_ms
+
+
+# --- tiny bins: bounds first, and a work limit that counts every frame -------------------------
+# A hostile-input hunt (2026-12-07): 50 samples of 4 tokens on 32 ranks of 7 tokens kept a
+# `baseline` request in bin completion for minutes (the service killed its worker on every
+# retry): parents of 1 and 2 ranks cannot hold 50 samples, and the work limit counted only the
+# bitsets, a few bits per bin of 7 tokens, so it allowed ~3e7 frames.
+
+
+def _fits(ordered: list[int], loads: list[int], cap: int, i: int = 0) -> bool:
+    """``ordered[i:]`` fit on top of ``loads`` (depth first, equal loads tried once)."""
+    if i == len(ordered):
+        return True
+    for b, load in enumerate(loads):
+        if load + ordered[i] <= cap and load not in loads[:b]:
+            loads[b] += ordered[i]
+            if _fits(ordered, loads, cap, i + 1):
+                return True
+            loads[b] -= ordered[i]
+    return False
+
+
+def _min_bins(lengths: list[int], cap: int) -> int:
+    """The exact least number of bins, by search (tiny cases only)."""
+    ordered = sorted(lengths, reverse=True)
+    return next(k for k in range(1, len(ordered) + 1) if _fits(ordered, [0] * k, cap))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_bins_needed_are_a_lower_bound(seed: int) -> None:
+    rng = random.Random(seed)
+    cap = rng.randint(2, 20)
+    lengths = [rng.randint(1, cap) for _ in range(rng.randint(1, 8))]
+    assert bins_needed(lengths, cap) <= _min_bins(lengths, cap)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "capacities"),
+    [
+        ([4] * 50, [7] * 32),  # the count: one sample of 4 per bin of 7
+        ([4] * 50, [14] * 16),  # three per bin of 14: 48
+        ([4] * 40 + [3] * 10, [7] * 32),  # L2: no two 4s share a bin, 40 > 32
+    ],
+)
+def test_hopeless_packings_are_known_without_search(
+    lengths: list[int], capacities: list[int]
+) -> None:
+    assert sum(lengths) <= sum(capacities)
+    assert too_many_samples(lengths, range(len(lengths)), capacities)
+
+
+@pytest.mark.timeout(120)
+def test_a_hopeless_packing_of_tiny_bins_stops_at_the_work_limit() -> None:
+    """No bound proves this one (bins of 7 and 14 tokens, 30 samples of 4 and 6 of 3): the
+    search must give up within its work limit, which now charges every frame."""
+    lengths = [4] * 30 + [3] * 6
+    capacities = [7] * 16 + [14] * 4
+    problem = problem_of(lengths, 24, 7)
+    assert not too_many_samples(problem.tokens, range(len(lengths)), capacities)
+    assert complete_bins(problem, range(len(lengths)), capacities) is None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_hunted_request_of_tiny_ranks_is_planned(mode: str) -> None:
+    req = PlanRequest.model_validate(
+        {
+            "cluster": {"nodes": 4, "gpus_per_node": 8, "max_tokens_per_rank": 7},
+            "lengths": [4] * 50,
+            "mode": mode,
+        }
+    )
+    got = plan(req, deadline_ms=60_000)
+    assert validate_plan(req, got) == []
