@@ -48,6 +48,10 @@ LatencyUs = Annotated[
 ]
 
 
+PROFILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""A profile's name is a path segment (``/v1/profiles/{name}``) and a database string."""
+
+
 class Profile(BaseModel):
     """The cost model's constants for one cluster (what ``repack calibrate`` fits).
 
@@ -61,7 +65,7 @@ class Profile(BaseModel):
         "default",
         min_length=1,
         max_length=100,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        pattern=PROFILE_NAME_PATTERN,
         description="Name the profile is stored and referred to by.",
     )
     version: StrictInt | None = Field(

@@ -28,6 +28,7 @@ from solver.profiles import (
     MAX_TOKENS_PER_RANK_LIMIT,
     MODEL_DEFAULTS,
     MODEL_PROFILES,
+    PROFILE_NAME_PATTERN,
     Bandwidth,
     Efficiency,
     PositiveTflops,
@@ -253,6 +254,7 @@ class PlanRequest(BaseModel):
         None,
         min_length=1,
         max_length=100,
+        pattern=PROFILE_NAME_PATTERN,
         description="A profile stored in the service, which fills `profile` from it; the "
         "solver alone plans only inline profiles.",
     )

@@ -208,3 +208,12 @@ def test_named_profile_hook() -> None:
         with_named_profile(req.model_copy(update={"profile_name": "lab-b"}), {}.get)
     plain = PlanRequest.model_validate({"lengths": [5]})
     assert with_named_profile(plain, {}.get) is plain
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "../etc", "-x", "a b", "a/b"])
+def test_a_profile_name_follows_the_stored_profiles_rule(name: str) -> None:
+    """A NUL in ``profile_name`` reached PostgreSQL, which refused the string and put the
+    service into its database-outage mode (a hostile-input hunt, 2026-12-07)."""
+    with pytest.raises(ValidationError, match="profile_name"):
+        PlanRequest.model_validate({"lengths": [100], "profile_name": name})
+    assert PlanRequest.model_validate({"lengths": [100], "profile_name": "h100.v2_a-b"})
