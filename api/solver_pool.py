@@ -11,6 +11,9 @@ Each worker is bounded: it dies with the service (parent-death watch), it may us
 of its deadline) is killed by the kernel (``SIGALRM``, default action), and a worker is
 replaced after ``max_tasks`` solves so that a slow leak cannot grow without bound.
 
+A worker that dies, even idle, breaks the whole executor: the next submit or readiness probe
+replaces it, and the pool is healthy only while its executor is unbroken and has answered.
+
 A request admitted to wait for a worker was admitted on an estimate (the queue length times
 the recent mean solve time) that a burst or a slower step can prove wrong. One that no worker
 has taken by its deadline is refused then, as it would have been at admission, instead of being
@@ -225,13 +228,15 @@ class SolverPool:
         self.min_budget_ms = min_budget_ms
         self.limits = limits
         self.pending = 0
-        self.healthy = False
         self.replaced = 0
         """Times the pool was replaced after a worker died."""
         self._mean_latency_s = INITIAL_MEAN_S
         self._mean_service_s = INITIAL_MEAN_S
         self._ctx = ctx
         self._executor = self._new_executor()
+        self._answered = False
+        """A worker of this executor has answered (warm-up or solve) since it started."""
+        self._warming: asyncio.Future[None] | None = None
 
     def _new_executor(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
@@ -245,12 +250,43 @@ class SolverPool:
     def worker_pids(self) -> set[int]:
         return set(self._executor._processes or {})  # private, but the only way to see them
 
+    @property
+    def healthy(self) -> bool:
+        """Workers of this executor have answered and none has died since: a worker that dies
+        idle breaks the executor without failing any solve, so a flag set once would lie."""
+        return self._answered and not self._broken()
+
+    def _broken(self) -> bool:
+        return bool(self._executor._broken)  # private, but the only way to tell without a job
+
     async def warm_up(self) -> None:
         """Start every worker by giving each a tiny solve; marks the pool healthy."""
+        executor = self._executor
         loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._executor, warm_worker) for _ in range(self.workers)]
+        jobs = [loop.run_in_executor(executor, warm_worker) for _ in range(self.workers)]
         await asyncio.gather(*jobs)
-        self.healthy = True
+        if executor is self._executor:  # not replaced meanwhile
+            self._answered = True
+
+    async def recover(self, timeout_s: float) -> bool:
+        """Replace a broken pool and warm it up, waiting at most ``timeout_s``; whether healthy.
+
+        For readiness probes: a pool broken while idle is otherwise replaced only by the next
+        request, which an instance its failing probe took out of rotation would never get. A
+        warm-up that outlasts the wait goes on, so that a later probe finds it done.
+        """
+        if self.healthy:
+            return True
+        self._replace_broken()
+        if self._warming is None or self._warming.done():
+            self._warming = asyncio.ensure_future(self.warm_up())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._warming), timeout_s)
+        except TimeoutError:
+            pass  # still starting: not ready yet
+        except Exception as exc:  # the new workers died too (BrokenProcessPool) or failed
+            log.warning("the new solver workers did not start: %r", exc)
+        return self.healthy
 
     def retry_after(self) -> int:
         """Seconds to wait before retrying: the recent mean time from admission to answer.
@@ -287,11 +323,10 @@ class SolverPool:
         if wait_s > 0 and time.monotonic() + wait_s > start_by:
             # A free worker always takes the request, however small its deadline.
             raise _too_late(self.retry_after())
-        self.pending += 1
         start = time.perf_counter()
         hard_stop_s = self.hard_stop_s(budget_ms)
         waits = wait_s > 0
-        job = self._executor.submit(
+        job = self._submit_job(
             solve,
             request,
             digest,
@@ -301,6 +336,8 @@ class SolverPool:
             hard_stop_s,
             start_by if waits else None,
         )
+        self.pending += 1
+        executor = self._executor
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Solved | Rejected | Expired] = asyncio.wrap_future(job, loop=loop)
         take_back = _TakeBack(job)
@@ -315,13 +352,26 @@ class SolverPool:
             elif (error := done.exception()) is not None:
                 if isinstance(error, BrokenProcessPool):
                     self._replace_broken()
-            elif isinstance(solved := done.result(), Solved):
-                self._mean_service_s = 0.9 * self._mean_service_s + 0.1 * solved.worker_s
+            else:
+                if executor is self._executor:  # a worker of the current executor answered
+                    self._answered = True
+                if isinstance(solved := done.result(), Solved):
+                    self._mean_service_s = 0.9 * self._mean_service_s + 0.1 * solved.worker_s
             # A running mean of admission-to-answer time sizes Retry-After.
             self._mean_latency_s = 0.9 * self._mean_latency_s + 0.1 * (time.perf_counter() - start)
 
         future.add_done_callback(_release)
         return self._translated(future, take_back, time.monotonic(), hard_stop_s)
+
+    def _submit_job(self, *job: Any) -> Future[Any]:
+        """``executor.submit(*job)``; an executor that a worker dying idle broke refuses the job
+        at once (``BrokenProcessPool``), so it is replaced, like after a death during a solve,
+        and the job goes to the new one: the request is solved, not failed."""
+        try:
+            return self._executor.submit(*job)
+        except BrokenProcessPool:
+            self._replace_broken()
+        return self._executor.submit(*job)  # a new executor is never broken yet
 
     def _translated(
         self,
@@ -364,14 +414,15 @@ class SolverPool:
 
     def _replace_broken(self) -> None:
         """A worker died (killed, out of memory, hard stop): fail its solves, start afresh."""
-        if self._executor._broken:  # private, but the only way to tell without submitting
+        if self._broken():
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
+            self._answered = False  # healthy again once a new worker answers
             self.replaced += 1
             log.error("a solver worker died; the worker pool was replaced")
 
     def close(self) -> None:
-        self.healthy = False
+        self._answered = False
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
