@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
+from itertools import islice
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +29,13 @@ from solver.errors import PlanningError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:repack:problem:"
+MAX_LISTED_ERRORS = 20
+"""A 422 lists at most this many bad inputs (the first ones, unknown fields first) and counts
+the rest in ``errors_omitted``: a body with a million bad entries gets an answer of a few KB, and
+only the listed errors are turned into ``FieldError``s."""
+MAX_LOCATION_CHARS = 200
+MAX_DETAIL_CHARS = 1000
+"""Longer locations and details (an unknown key of a megabyte) are clipped in the answer."""
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +56,11 @@ class Problem(BaseModel):
     detail: str
     instance: str = Field(..., description="Path of the request that failed.")
     errors: list[FieldError] = Field(default_factory=list)
+    errors_omitted: int = Field(
+        0,
+        ge=0,
+        description=f"Bad inputs not listed in errors (at most {MAX_LISTED_ERRORS} are listed).",
+    )
 
 
 class ProblemError(StarletteHTTPException):
@@ -95,6 +108,7 @@ def problem_response(
     *,
     slug: str | None = None,
     errors: list[FieldError] | None = None,
+    errors_omitted: int = 0,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     body = Problem(
@@ -104,23 +118,42 @@ def problem_response(
         detail=detail,
         instance=request.url.path,
         errors=errors or [],
+        errors_omitted=errors_omitted,
     )
     return JSONResponse(
         body.model_dump(), status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE
     )
 
 
-def _validation_errors(exc: RequestValidationError) -> list[FieldError]:
-    errors = [
-        FieldError(
-            location=format_location(err.get("loc", ())),
-            detail=_detail(err),
-            type=str(err.get("type", "value_error")),
-        )
-        for err in exc.errors()
-    ]
-    # A misspelled key ("lenghts") also makes the real one missing: the typo goes first.
-    return sorted(errors, key=lambda e: e.type != "extra_forbidden")
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _first_errors(errors: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The first ``MAX_LISTED_ERRORS`` errors, unknown fields first: a misspelled key
+    ("lenghts") also makes the real one missing, and the typo is what to fix. One cheap pass
+    over the errors, with no object made for the ones left out."""
+    typo = "extra_forbidden"
+    listed = [e for e in errors if e.get("type") == typo][:MAX_LISTED_ERRORS]
+    if len(listed) < MAX_LISTED_ERRORS:
+        others = (e for e in errors if e.get("type") != typo)
+        listed += islice(others, MAX_LISTED_ERRORS - len(listed))
+    return listed
+
+
+def _field_error(err: Mapping[str, Any]) -> FieldError:
+    return FieldError(
+        location=_clip(format_location(err.get("loc", ())), MAX_LOCATION_CHARS),
+        detail=_clip(_detail(err), MAX_DETAIL_CHARS),
+        type=_clip(str(err.get("type", "value_error")), MAX_LOCATION_CHARS),
+    )
+
+
+def _validation_errors(exc: RequestValidationError) -> tuple[list[FieldError], int]:
+    """The listed errors and how many more there were."""
+    errors = exc.errors()
+    listed = [_field_error(err) for err in _first_errors(errors)]
+    return listed, len(errors) - len(listed)
 
 
 def _detail(err: Mapping[str, Any]) -> str:
@@ -131,13 +164,21 @@ def _detail(err: Mapping[str, Any]) -> str:
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _validation_errors(exc)
+    errors, omitted = _validation_errors(exc)
     where = ", ".join(
         f"unknown field {e.location}" if e.type == "extra_forbidden" else e.location
         for e in errors[:5]
     )
+    more = len(errors) - 5 + omitted
+    if more > 0:
+        where += f" and {more} more"
     return problem_response(
-        request, 422, f"invalid request: {where}", slug="validation-error", errors=errors
+        request,
+        422,
+        f"invalid request: {where}",
+        slug="validation-error",
+        errors=errors,
+        errors_omitted=omitted,
     )
 
 

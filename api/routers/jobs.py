@@ -12,8 +12,8 @@ from api.auth import Caller
 from api.deps import DatabaseDep, ServiceDep, SettingsDep
 from api.errors import JobNotFound
 from api.problems import problem_responses
-from api.routers.params import JobIdPath
-from api.storage import MAX_STEP, JobSummary, PlanRow, as_utc
+from api.routers.params import JobIdPath, StepsAfter
+from api.storage import JobSummary, PlanRow, as_utc
 from solver.schema import JOB_ID_PATTERN
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -115,7 +115,7 @@ async def list_steps(
     db: DatabaseDep,
     settings: SettingsDep,
     caller: Caller,
-    after: Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")] = None,
+    after: StepsAfter = None,
     limit: Limit = None,
 ) -> StepPage:
     """A job's plans in step order with their metrics."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,7 +22,7 @@ from api.measurement_view import compare_steps
 from api.problems import ProblemError, problem_responses
 from api.profile_store import ProfileStore
 from api.routers import plans
-from api.storage import MAX_STEP
+from api.routers.params import JobIdPath, MeasurementsAfter, StepPath
 from solver.measurement_schema import StepMeasurement
 from solver.profile_feedback import FeedbackConfig
 
@@ -31,7 +31,6 @@ router = APIRouter(
     prefix="/v1/jobs", tags=["measurements"], dependencies=list(plans.router.dependencies)
 )
 
-JobId = Annotated[str, Path(min_length=1, max_length=200)]
 MAX_LIST = 10_000
 
 
@@ -60,13 +59,6 @@ class FeedbackSettings(BaseModel):
     window: int = Field(FeedbackConfig.window, ge=2, le=MAX_LIST)
 
 
-def _check_step(step: int) -> None:
-    if step > MAX_STEP:
-        raise RequestValidationError(
-            [{"loc": ("path", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
-        )
-
-
 @router.post(
     "/{job_id}/steps/{step}/measurements",
     response_model=MeasurementAnswer,
@@ -78,8 +70,8 @@ def _check_step(step: int) -> None:
     },
 )
 async def post_measurement(
-    job_id: JobId,
-    step: Annotated[int, Path(ge=0)],
+    job_id: JobIdPath,
+    step: StepPath,
     body: StepMeasurement,
     request: Request,
     plans_store: StoreDep,
@@ -88,7 +80,6 @@ async def post_measurement(
     """Store the measurement (idempotent); refit the job's profile when it opted in and a
     refit is due."""
     caller.require(job_id)
-    _check_step(step)
     profiles = profile_store(request)
     data = body.model_dump(exclude_none=True)
     stored, created = await plans_store.call(profiles.put_measurement, job_id, step, data)
@@ -118,11 +109,11 @@ async def post_measurement(
     responses=problem_responses(401, 403, 404, 422, 429, 503),
 )
 async def list_measurements(
-    job_id: JobId,
+    job_id: JobIdPath,
     request: Request,
     plans_store: StoreDep,
     caller: Caller,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    after: MeasurementsAfter = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 1000,
 ) -> dict[str, Any]:
     caller.require(job_id)
@@ -139,7 +130,7 @@ async def list_measurements(
     responses=problem_responses(400, 401, 403, 413, 422, 429, 503),
 )
 async def put_feedback(
-    job_id: JobId, body: FeedbackSettings, request: Request, db: StoreDep, caller: Caller
+    job_id: JobIdPath, body: FeedbackSettings, request: Request, db: StoreDep, caller: Caller
 ) -> dict[str, Any]:
     settings = body.model_dump(exclude={"enabled"})
     try:
@@ -160,7 +151,7 @@ async def put_feedback(
     responses=problem_responses(401, 403, 422, 429, 503),
 )
 async def get_feedback(
-    job_id: JobId, request: Request, db: StoreDep, caller: Caller
+    job_id: JobIdPath, request: Request, db: StoreDep, caller: Caller
 ) -> dict[str, Any]:
     caller.require(job_id)
     return await db.call(feedback_view, profile_store(request), job_id)

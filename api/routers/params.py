@@ -1,13 +1,24 @@
-"""Path parameters shared by the routers: bounded, and free of control characters (a NUL
-cannot reach PostgreSQL) and of ``/``, exactly like ``job_id`` in a request body."""
+"""Path and query parameters shared by the routers.
+
+Job and plan ids are bounded and free of control characters (a NUL cannot reach PostgreSQL) and
+of ``/``, exactly like ``job_id`` in a request body; every route that takes a job id uses
+``JobIdPath``. Step numbers fit the database's signed 64-bit integer (``MAX_STEP``), so a bigger
+one is a 422 naming the parameter, not a driver error.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query
 
+from api.storage import MAX_STEP
 from solver.schema import JOB_ID_PATTERN
 
 JobIdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=JOB_ID_PATTERN)]
 PlanIdPath = Annotated[str, Path(min_length=1, max_length=300, pattern=JOB_ID_PATTERN)]
+StepPath = Annotated[int, Path(ge=0, le=MAX_STEP, description="Step number.")]
+StepsAfter = Annotated[int | None, Query(ge=-1, le=MAX_STEP, description="Last step seen.")]
+"""``GET /v1/jobs/{job_id}/steps``: the last step seen (-1 reads from step 0)."""
+MeasurementsAfter = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="Last step seen.")]
+"""``GET /v1/jobs/{job_id}/measurements``: the last measured step seen."""
