@@ -37,9 +37,13 @@ from solver.profiles import (
 
 MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
-JOB_ID_PATTERN = r"^[^\x00-\x1f\x7f/]+$"
+JOB_ID_PATTERN = (
+    r"^(?:[^\x00-\x1f\x7f/.]|\.[^\x00-\x1f\x7f/.]|\.\.[^\x00-\x1f\x7f/])[^\x00-\x1f\x7f/]*$"
+)
 """A job id is a path segment and a database string: no control characters (NUL included),
-no ``/``."""
+no ``/``, and not ``.`` or ``..``, which a browser resolves away in a path (even percent-encoded),
+so such a job's pages could not be reached. Written without lookahead, which pydantic's regex
+engine lacks."""
 
 CHILD_SIZES = (1, 2, 4, 8)
 """Sizes a node-local child may have (docs/design.md section 3, rule 2)."""

@@ -217,3 +217,18 @@ def test_a_profile_name_follows_the_stored_profiles_rule(name: str) -> None:
     with pytest.raises(ValidationError, match="profile_name"):
         PlanRequest.model_validate({"lengths": [100], "profile_name": name})
     assert PlanRequest.model_validate({"lengths": [100], "profile_name": "h100.v2_a-b"})
+
+
+@pytest.mark.parametrize(
+    ("job_id", "accepted"),
+    [(".", False), ("..", False), ("...", True), (".a", True), ("..a", True), ("a.", True)],
+)
+def test_a_job_id_is_not_a_dot_segment(job_id: str, accepted: bool) -> None:
+    """``.`` and ``..`` were accepted, but a browser resolves them away in
+    ``/dashboard/jobs/{job_id}`` (percent-encoded too): their pages could not be reached."""
+    data = {"job_id": job_id, "lengths": [100]}
+    if accepted:
+        assert PlanRequest.model_validate(data).job_id == job_id
+    else:
+        with pytest.raises(ValidationError, match="job_id"):
+            PlanRequest.model_validate(data)
