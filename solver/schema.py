@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from solver.input_limits import few_unknown_keys, integers_only
 from solver.profiles import (
     CLUSTER_DEFAULTS,
     CLUSTER_PROFILES,
@@ -262,6 +263,21 @@ class PlanRequest(BaseModel):
         description="A profile stored in the service, which fills `profile` from it; the "
         "solver alone plans only inline profiles.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown_keys(cls, data: Any) -> Any:
+        few_unknown_keys(data, cls.model_fields)
+        if isinstance(data, dict):
+            for name, spec in (("cluster", ClusterSpec), ("model", ModelSpec)):
+                few_unknown_keys(data.get(name), [*spec.model_fields, "profile"], name)
+            few_unknown_keys(data.get("profile"), Profile.model_fields, "profile")
+        return data
+
+    @field_validator("lengths", "parent_sizes", "parent_of", mode="before")
+    @classmethod
+    def _integers_only(cls, v: Any, info: ValidationInfo) -> Any:
+        return integers_only(v, str(info.field_name))
 
     @field_validator("step")
     @classmethod
