@@ -10,6 +10,10 @@ Failures are logged once per outage (the first, then one line when the database 
 During an outage (from a failed call to the next successful one) only one call at a time goes
 to the database, as a probe; the others fail at once instead of each waiting out the timeout,
 so that clients fall back quickly and stalled threads do not pile up.
+
+The timeout measures the database, so a call must not compute: work that reads, computes and
+writes (a refit, ``api/feedback.py``) is a ``StagedWork``, whose database steps are calls of
+their own and whose computation runs off the database threads, outside every timeout.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -77,6 +81,19 @@ def open_store(url: str, timeouts: DbTimeouts) -> PlanStore:
     return store
 
 
+class StagedWork(Generic[T]):
+    """Work that mixes database steps with computation. Called directly it runs all of it,
+    blocking; given to ``Database.call`` it runs as ``staged(db, *args)``: each database step
+    is a time-bounded ``db.call`` of its own, and the computation between them is not charged
+    to the database (nor run on its threads)."""
+
+    def __call__(self, *args: Any) -> T:
+        raise NotImplementedError
+
+    async def staged(self, db: Database, *args: Any) -> T:
+        raise NotImplementedError
+
+
 class Database:
     """Async, time-bounded calls to a ``PlanStore``."""
 
@@ -91,7 +108,10 @@ class Database:
 
     async def call(self, fn: Callable[..., T], *args: object, until: float | None = None) -> T:
         """``fn(*args)`` on the database thread pool, within ``timeout_s`` and before the
-        monotonic instant ``until`` if given."""
+        monotonic instant ``until`` if given (a ``StagedWork``: its database steps each are)."""
+        if isinstance(fn, StagedWork):
+            result: T = await fn.staged(self, *args)
+            return result
         timeout = self.timeout_s
         if until is not None:
             timeout = min(timeout, until - time.monotonic())

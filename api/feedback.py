@@ -10,13 +10,17 @@ was planned with, so a retried request replays its plan instead of conflicting w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
-from dataclasses import asdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from api.database import Database
+from cachetools import LRUCache
+
+from api.database import Database, StagedWork
 from api.errors import DatabaseUnavailable
 from api.profile_store import JobProfileRow, ProfileStore
 from api.storage import PlanKey, PlanStore, utcnow
@@ -56,34 +60,32 @@ def resolve_for_job(profiles: ProfileStore, request: PlanRequest) -> tuple[PlanR
     return with_constants(request, constants), version.version
 
 
-def _observations(
-    profiles: ProfileStore, plans: PlanStore, job_id: str, window: int
-) -> list[Observation]:
-    rows = profiles.latest_measurements(job_id, window)
-    requests = profiles.step_requests(job_id, [r.step for r in rows])
-    out = []
-    for m in rows:
-        req_row = requests.get(m.step)
-        if req_row is None:
-            continue  # measured without a plan from this service: nothing to re-price
-        stored = plans.get(req_row.plan_id)
-        if stored is None:
-            continue
-        measured = StepMeasurement.model_validate_json(m.body)
-        a2a = None if measured.all_to_all_ms is None else measured.all_to_all_ms / 1e3
-        out.append(
-            Observation(
-                PlanRequest.model_validate_json(req_row.request),
-                Plan.model_validate_json(stored.body),
-                measured.step_time_ms / 1e3,
-                a2a,
-            )
-        )
-    return out
+@dataclass(frozen=True)
+class RefitInputs:
+    """What a due refit reads from the database, as stored (parsed off the database threads)."""
+
+    config: FeedbackConfig
+    version: int
+    """The version this refit would store (the newest + 1)."""
+    last_body: str | None
+    """The newest fitted version's constants (JSON), if any."""
+    base_profile: str | None
+    count: int
+    """Measured steps of the job when the inputs were read."""
+    steps: list[tuple[str, bytes, str]]
+    """Per measured step with a stored request and plan: request JSON, plan body, measurement
+    JSON, oldest first."""
 
 
-def maybe_refit(profiles: ProfileStore, plans: PlanStore, job_id: str) -> JobProfileRow | None:
-    """Refit the job's profile if it opted in and a refit is due; the new version or None."""
+@dataclass(frozen=True)
+class Fitted:
+    constants: dict[str, float]
+    error_before: float
+    error_after: float
+
+
+def refit_inputs(profiles: ProfileStore, plans: PlanStore, job_id: str) -> RefitInputs | None:
+    """The database step before a refit: the inputs if the job opted in and a refit is due."""
     feedback = profiles.get_feedback(job_id)
     if feedback is None or not feedback.enabled:
         return None
@@ -93,33 +95,147 @@ def maybe_refit(profiles: ProfileStore, plans: PlanStore, job_id: str) -> JobPro
     count = profiles.count_measurements(job_id)
     if not refit_due(count, 0 if last is None else last.steps_used, config):
         return None
-    obs = _observations(profiles, plans, job_id, config.window)
-    if len(obs) < config.min_steps:
+    rows = profiles.latest_measurements(job_id, config.window)
+    requests = profiles.step_requests(job_id, [r.step for r in rows])
+    stored = plans.get_many([r.plan_id for r in requests.values()])
+    steps = []
+    for m in rows:
+        req_row = requests.get(m.step)
+        if req_row is None:
+            continue  # measured without a plan from this service: nothing to re-price
+        plan = stored.get(req_row.plan_id)
+        if plan is None:
+            continue
+        steps.append((req_row.request, plan.body, m.body))
+    if len(steps) < config.min_steps:
         return None
+    return RefitInputs(
+        config,
+        1 if last is None else last.version + 1,
+        None if last is None else last.body,
+        feedback.base_profile,
+        count,
+        steps,
+    )
+
+
+def _observations(inputs: RefitInputs) -> list[Observation]:
+    out = []
+    for request, plan, measurement in inputs.steps:
+        measured = StepMeasurement.model_validate_json(measurement)
+        a2a = None if measured.all_to_all_ms is None else measured.all_to_all_ms / 1e3
+        out.append(
+            Observation(
+                PlanRequest.model_validate_json(request),
+                Plan.model_validate_json(plan),
+                measured.step_time_ms / 1e3,
+                a2a,
+            )
+        )
+    return out
+
+
+def fit(job_id: str, inputs: RefitInputs) -> Fitted | None:
+    """The computation of a refit (no database): re-price the steps and refit the constants;
+    None when the fit fails (logged)."""
+    obs = _observations(inputs)
     # Versions stored before a constant joined the refit (``layer_overhead_us``) lack it: the
     # request's profile fills what they do not say.
     current = constants_of(obs[-1].request)
-    if last is not None:
-        current.update(json.loads(last.body))
-    elif feedback.base_profile is not None:
-        current.update(json.loads(feedback.base_profile))
+    if inputs.last_body is not None:
+        current.update(json.loads(inputs.last_body))
+    elif inputs.base_profile is not None:
+        current.update(json.loads(inputs.base_profile))
     try:
-        result = refit(obs, current, config)
+        result = refit(obs, current, inputs.config)
     except (CalibrationFitError, ValueError) as exc:
         logger.warning("job %s: refit skipped: %s", job_id, exc)
         return None
+    return Fitted(
+        result.constants,
+        _finite(result.median_abs_error_before),
+        _finite(result.median_abs_error_after),
+    )
+
+
+def store_refit(
+    profiles: ProfileStore, job_id: str, inputs: RefitInputs, fitted: Fitted
+) -> JobProfileRow | None:
+    """The database step after a refit: store it as ``inputs.version``, applying from the step
+    after the last one planned; None when another refit stored that version first."""
     planned = profiles.max_planned_step(job_id)
     row = JobProfileRow(
         job_id=job_id,
-        version=1 if last is None else last.version + 1,
+        version=inputs.version,
         from_step=0 if planned is None else planned + 1,
-        steps_used=count,
-        error_before=_finite(result.median_abs_error_before),
-        error_after=_finite(result.median_abs_error_after),
-        body=json.dumps(result.constants, sort_keys=True),
+        steps_used=inputs.count,
+        error_before=fitted.error_before,
+        error_after=fitted.error_after,
+        body=json.dumps(fitted.constants, sort_keys=True),
         created_at=utcnow(),
     )
     return row if profiles.add_job_profile(row) else None
+
+
+FIT_THREADS = 1
+"""Refits computing at once (per process): each is pure CPU, so more would only slow the
+event loop and the database threads down (one GIL)."""
+STORED_MEMO = 1024
+"""Jobs whose newest stored refit this process remembers (to skip fits that would lose)."""
+
+
+class MaybeRefit(StagedWork[JobProfileRow | None]):
+    """Refit the job's profile if it opted in and a refit is due; the new version or None.
+
+    Through ``Database.call`` (the measurements route) it runs in three steps: read the inputs
+    (one database call), fit on a refit thread (no database, no database timeout), store the
+    version (another call). A refit whose version number another refit of this process has
+    stored meanwhile is not computed (it would lose at the store)."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._stored: LRUCache[tuple[str, int, str], int] = LRUCache(STORED_MEMO)
+        """The newest version this process stored, by database (URL and generation) and job."""
+
+    def __call__(
+        self, profiles: ProfileStore, plans: PlanStore, job_id: str
+    ) -> JobProfileRow | None:
+        inputs = refit_inputs(profiles, plans, job_id)
+        fitted = None if inputs is None else fit(job_id, inputs)
+        if inputs is None or fitted is None:
+            return None
+        return store_refit(profiles, job_id, inputs, fitted)
+
+    async def staged(
+        self, db: Database, profiles: ProfileStore, plans: PlanStore, job_id: str
+    ) -> JobProfileRow | None:
+        memo = (plans.url, plans.generation, job_id)
+        inputs = await db.call(refit_inputs, profiles, plans, job_id)
+        if inputs is None or self._lost(memo, inputs):
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="refit")
+        loop = asyncio.get_running_loop()
+        fitted = await loop.run_in_executor(self._executor, self._fit, memo, inputs)
+        if fitted is None:
+            return None
+        row = await db.call(store_refit, profiles, job_id, inputs, fitted)
+        if row is not None:
+            self._stored[memo] = max(row.version, self._stored.get(memo, 0))
+        return row
+
+    def _lost(self, memo: tuple[str, int, str], inputs: RefitInputs) -> bool:
+        return self._stored.get(memo, 0) >= inputs.version
+
+    def _fit(self, memo: tuple[str, int, str], inputs: RefitInputs) -> Fitted | None:
+        if self._lost(memo, inputs):  # checked again: it may have waited for the thread
+            return None
+        return fit(memo[2], inputs)
+
+
+maybe_refit = MaybeRefit()
+"""``await db.call(maybe_refit, profiles, db.store, job_id)``, or ``maybe_refit(profiles,
+plans, job_id)`` blocking."""
 
 
 def _finite(x: float) -> float:

@@ -101,6 +101,8 @@ class PlanService:
         self._claim_numbers = itertools.count()
         self._live_claims: set[str] = set()
         """Owners of the claims that running tasks hold or are writing."""
+        self._generation = db.store.generation
+        """The database generation the plan memory holds plans of."""
         self._inflight: dict[PlanKey, asyncio.Task[tuple[StoredPlan, Source]]] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -109,22 +111,32 @@ class PlanService:
         database thread: membership tests only)."""
         return owner.startswith(f"{self.process}.") and owner not in self._live_claims
 
+    def _memory(self) -> LRUCache[PlanKey, StoredPlan] | None:
+        """The plan memory, emptied first if the database became another one (an SQLite file
+        replaced at its path): its plans are in no history any more."""
+        generation = self.db.store.generation
+        if generation != self._generation:
+            self._generation = generation
+            if self.cache is not None:
+                self.cache.clear()
+        return self.cache
+
     def _cached(self, key: PlanKey) -> StoredPlan | None:
-        return None if self.cache is None else self.cache.get(key)
+        cache = self._memory()
+        return None if cache is None else cache.get(key)
 
     def _remember(self, key: PlanKey, stored: StoredPlan) -> None:
-        if self.cache is not None:
-            self.cache[key] = stored
+        cache = self._memory()
+        if cache is not None:
+            cache[key] = stored
 
     def forget_job(self, job_id: str) -> None:
-        """Drop a deleted job's plans from memory (its named keys start with ``job_id-``)."""
+        """Drop a deleted job's plans from memory: its named keys and its anonymous plans
+        (requests with its ``job_id`` and no step), which the delete removed too."""
         if self.cache is None:
             return
-        prefix = f"{job_id}-"
-        for key in [k for k in self.cache if k.kind == "named" and k.plan_id.startswith(prefix)]:
-            rest = key.plan_id[len(prefix) :]
-            if rest.isdigit():
-                self.cache.pop(key, None)
+        for key in [k for k, stored in self.cache.items() if stored.job_id == job_id]:
+            self.cache.pop(key, None)
 
     async def get(self, plan_id: str) -> bytes | None:
         """A stored plan by id (a named plan wins over an anonymous one with the same id)."""

@@ -33,10 +33,12 @@ from sqlalchemy import (
     Text,
     func,
     select,
+    text,
 )
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from api.errors import DatabaseUnavailable
 from api.storage import as_utc, utcnow
 from solver.schema import PlanRequest
 
@@ -143,12 +145,37 @@ class ProfileStore:
         return StoredProfile(row.name, row.version, json.loads(row.body), as_utc(row.created_at))
 
     def put_profile(self, name: str, body: dict[str, Any]) -> tuple[StoredProfile, bool]:
-        """Store ``body`` as the newest version unless it equals the newest; (stored, created)."""
+        """Store ``body`` as the newest version unless it equals the newest; (stored, created).
+
+        Writers of one name take turns (a PostgreSQL advisory lock on the name, SQLite's write
+        lock taken up front), so concurrent PUTs get consecutive versions without conflicts.
+        A PUT that cannot get its turn within the database's lock timeout is
+        ``DatabaseUnavailable`` (503 + Retry-After) without counting as an outage."""
         digest = digest_of(body)
-        for _ in range(3):  # a concurrent PUT may take the version number first
-            current = self.get_profile(name)
-            if current is not None and digest_of(current.body) == digest:
-                return current, False
+        for _ in range(PUT_ATTEMPTS):
+            try:
+                return self._put_profile_once(name, body, digest)
+            except IntegrityError:  # another writer without the lock took the number: again
+                continue
+        raise DatabaseUnavailable(f"profile {name!r} is being written concurrently; retry later")
+
+    def _put_profile_once(
+        self, name: str, body: dict[str, Any], digest: str
+    ) -> tuple[StoredProfile, bool]:
+        newest = (
+            select(ProfileRow)
+            .where(ProfileRow.name == name)
+            .order_by(ProfileRow.version.desc())
+            .limit(1)
+        )
+        with self._sessions() as session:
+            _take_profile_turn(session, name)
+            current = session.scalars(newest).first()
+            if current is not None and digest_of(json.loads(current.body)) == digest:
+                unchanged = StoredProfile(
+                    name, current.version, json.loads(current.body), as_utc(current.created_at)
+                )
+                return unchanged, False
             version = 1 if current is None else current.version + 1
             row = ProfileRow(
                 name=name,
@@ -157,13 +184,9 @@ class ProfileStore:
                 body=json.dumps(body),
                 created_at=utcnow(),
             )
-            try:
-                with self._sessions.begin() as session:
-                    session.add(row)
-            except IntegrityError:
-                continue
-            return StoredProfile(name, version, body, as_utc(row.created_at)), True
-        raise RuntimeError(f"profile {name!r}: too many concurrent versions")
+            session.add(row)
+            session.commit()
+        return StoredProfile(name, version, body, as_utc(row.created_at)), True
 
     # --- step requests and measurements ---------------------------------------------------------
     def record_request(
@@ -289,3 +312,41 @@ class ProfileStore:
         except IntegrityError:
             return False
         return True
+
+
+PUT_ATTEMPTS = 5
+"""Tries of a profile PUT that lost its version number to a writer that took no turn."""
+PROFILE_LOCK_CLASS = 0x7072
+"""First key of the PostgreSQL advisory lock a profile's writers take turns on ("pr"); the
+second is the name's hash. Two-key advisory locks never collide with the one-key migration lock."""
+CONTENDED_SQLSTATES = frozenset({"55P03", "57014"})
+"""PostgreSQL's lock timeout and statement timeout, while waiting for the turn."""
+
+
+def _take_profile_turn(session: Session, name: str) -> None:
+    """Wait, within the database's lock timeout, until no other writer of ``name`` is between
+    reading the newest version and storing the next; held until the transaction ends."""
+    dialect = session.get_bind().dialect.name
+    try:
+        if dialect == "postgresql":
+            session.execute(
+                text("SELECT pg_advisory_xact_lock(:cls, hashtext(:name))"),
+                {"cls": PROFILE_LOCK_CLASS, "name": name},
+            )
+        elif dialect == "sqlite":
+            # The write lock now, not at the INSERT: the read below is then of the newest
+            # version (a plain BEGIN lets two writers read the same one).
+            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+    except OperationalError as exc:
+        if not _contended(exc):
+            raise
+        raise DatabaseUnavailable(
+            f"profile {name!r} is being written concurrently; retry later"
+        ) from None
+
+
+def _contended(exc: OperationalError) -> bool:
+    """Whether ``exc`` is a lock wait that ran out of time (not a broken database)."""
+    if getattr(exc.orig, "sqlstate", None) in CONTENDED_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig)

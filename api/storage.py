@@ -12,11 +12,17 @@ Keys live in two namespaces (``kind``): ``named`` plans are keyed by ``(job_id, 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sqlite3
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from sqlalchemy import (
     BigInteger,
@@ -36,11 +42,14 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DisconnectionError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, mapped_column, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from solver.schema import Plan, PlanRequest
+
+log = logging.getLogger("api.storage")
 
 MAX_STEP = 2**63 - 1
 """Steps are stored as 64-bit integers (BIGINT); larger ones are refused at the edge."""
@@ -105,11 +114,13 @@ class PlanKey:
 
 @dataclass(frozen=True)
 class StoredPlan:
-    """What a replay needs: the request digest to compare and the bytes to send."""
+    """What a replay needs: the request digest to compare and the bytes to send, and the job
+    it belongs to (named or anonymous) so that deleting the job forgets it."""
 
     plan_id: str
     request_digest: str
     body: bytes
+    job_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,8 @@ class DbTimeouts:
 DEFAULT_TIMEOUTS = DbTimeouts(connect_s=2.0, statement_ms=500, pool_s=0.5)
 RETENTION_BATCH = 1000
 """Plans one retention statement deletes."""
+GET_MANY_BATCH = 500
+"""Ids in one ``IN`` list of ``get_many``."""
 POOL_SIZE = 8
 POOL_OVERFLOW = 8
 POOL_CONNECTIONS = POOL_SIZE + POOL_OVERFLOW
@@ -175,21 +188,212 @@ def _make_engine(url: str, timeouts: DbTimeouts) -> Engine:
         return engine
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    busy_s = max(0.05, timeouts.statement_ms / 1e3)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_s})
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": _busy_s(timeouts)}
+    )
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-        # WAL lets readers (replays, dashboard) run while a plan is written. synchronous=NORMAL
-        # in WAL mode survives any crash or restart of the service (the WAL is fsynced at
-        # checkpoints); only an OS crash or power loss can drop the last commits. It takes the
-        # ~5 ms fsync off every new plan.
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
+        _sqlite_setup(dbapi_conn)
 
     return engine
+
+
+def _busy_s(timeouts: DbTimeouts) -> float:
+    return max(0.05, timeouts.statement_ms / 1e3)
+
+
+def _sqlite_setup(dbapi_conn: Any) -> None:
+    # WAL lets readers (replays, dashboard) run while a plan is written. synchronous=NORMAL
+    # in WAL mode survives any crash or restart of the service (the WAL is fsynced at
+    # checkpoints); only an OS crash or power loss can drop the last commits. It takes the
+    # ~5 ms fsync off every new plan.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+class DatabaseFileGone(OSError):
+    """The SQLite file this process opened is no longer at its path (deleted, moved, or
+    replaced by a file that cannot be used): a database fault (503, not ready)."""
+
+
+FileId = tuple[int, int]
+"""``(st_dev, st_ino)``: which file a path names."""
+SWITCH_RETRY_S = 1.0
+"""A file at the path that could not be migrated is tried again after this long."""
+
+
+def _file_id(path: str) -> FileId | None:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class SqliteFile:
+    """Keeps an SQLite store on the file its path names.
+
+    SQLite keeps using a file that was unlinked or renamed away: writes would land in a file
+    that nobody can open again, while new connections would make an empty one at the path.
+    So once the store is open, every connection checkout and every commit compares the path's
+    ``(st_dev, st_ino)`` with the file in use (one ``stat``, ~1 us), connections open the path
+    without creating it (``mode=rw``), and:
+
+    * no file at the path: ``DatabaseFileGone`` (503; ``/readyz`` not ready), logged once;
+    * another file at the path (a backup put back, an empty file made to start over): it is
+      migrated to the newest revision and used from then on (``generation`` counts these
+      switches); connections to the old file are closed as they come up.
+    """
+
+    def __init__(self, path: str, busy_s: float) -> None:
+        self.path = os.path.abspath(path)
+        self.busy_s = busy_s
+        self.current: FileId | None = None
+        """The file in use; None until the store is open (start-up may create the file)."""
+        self._fd: int | None = None
+        """A read-only descriptor of the file in use, never locked: while it is open the
+        file's inode cannot be freed, so no file made later at the path can have its number.
+        Closed only when the store moves to another file (closing a descriptor drops the
+        process's POSIX locks on that file, which by then only stale connections hold)."""
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._gone_logged = False
+        self._failed: tuple[FileId, float] | None = None
+
+    def install(self, engine: Engine) -> None:
+        event.listen(engine, "do_connect", self._do_connect)
+        event.listen(engine, "connect", self._on_connect)
+        event.listen(engine, "checkout", self._on_checkout)
+        event.listen(engine, "commit", self._on_commit)
+
+    def opened(self) -> None:
+        """The store is open (migrated): from now on the path must keep naming this file."""
+        self.close()
+        self._fd, self.current = _pin(self.path)
+
+    def close(self) -> None:
+        """Unpin the file (after the store's connections are closed)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _uri(self) -> str:
+        return f"file:{quote(self.path)}?mode=rw"
+
+    def _do_connect(
+        self, _dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]
+    ) -> None:
+        if self.current is not None:  # never create a file where ours was
+            cargs[0] = self._uri()
+            cparams["uri"] = True
+
+    def _on_connect(self, _dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        record.info["sqlite_file"] = _file_id(self.path)
+
+    def _on_checkout(self, _dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        if self.current is None:
+            return
+        now = self._check()
+        if record.info.get("sqlite_file") != now:  # opened on a file that is gone: reopen
+            raise DisconnectionError("connection to a replaced SQLite file")
+
+    def _on_commit(self, conn: Connection) -> None:
+        if self.current is None:
+            return
+        now = self._check()
+        if conn.connection.info.get("sqlite_file") != now:
+            raise DatabaseFileGone(f"{self.path} was replaced during the transaction")
+
+    def _check(self) -> FileId:
+        """The file in use, after switching to the one the path names now if it changed."""
+        now = _file_id(self.path)
+        if now is None:
+            if not self._gone_logged:
+                self._gone_logged = True
+                log.error(
+                    "the SQLite database %s was deleted or moved while the service runs: "
+                    "answering 503 (not ready) until a database file is at that path again "
+                    "(put a backup back, or create an empty file or restart to start a new "
+                    "history); that file is then migrated and used",
+                    self.path,
+                )
+            raise DatabaseFileGone(f"{self.path} is gone (deleted or moved)")
+        if now != self.current:
+            self._switch(now)
+        elif self._gone_logged:  # moved back: the same file as before
+            self._gone_logged = False
+            log.warning("the SQLite database %s is back at its path", self.path)
+        return now
+
+    def _switch(self, now: FileId) -> None:
+        with self._lock:
+            if self.current == now:  # another thread switched meanwhile
+                return
+            failed = self._failed
+            if failed and failed[0] == now and time.monotonic() - failed[1] < SWITCH_RETRY_S:
+                raise DatabaseFileGone(f"{self.path} is not a usable database")
+            try:
+                fd, pinned = _pin(self.path)
+            except OSError:
+                raise DatabaseFileGone(f"{self.path} is gone (deleted or moved)") from None
+            try:
+                if pinned != now:
+                    raise DatabaseFileGone(f"{self.path} changed again while it was opened")
+                self._migrate()
+            except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+                os.close(fd)
+                if isinstance(exc, DatabaseFileGone):
+                    raise
+                self._failed = (now, time.monotonic())
+                log.error("the file now at %s cannot be used as the database: %s", self.path, exc)
+                raise DatabaseFileGone(f"{self.path} is not a usable database") from None
+            old, self._fd = self._fd, fd
+            self.current, self._failed, self._gone_logged = now, None, False
+            self.generation += 1
+            if old is not None:
+                os.close(old)
+            log.warning(
+                "the SQLite database %s is another file now: migrated it and using it "
+                "(plans of the previous file are not in it)",
+                self.path,
+            )
+
+    def _migrate(self) -> None:
+        from api.migrate import upgrade
+
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(
+                self._uri(), uri=True, timeout=self.busy_s, check_same_thread=False
+            )
+            _sqlite_setup(conn)
+            return conn
+
+        engine = create_engine("sqlite://", creator=connect, poolclass=NullPool)
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
+
+
+def _pin(path: str) -> tuple[int, FileId]:
+    """A read-only descriptor of the file at ``path`` and that file's identity."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    return fd, (st.st_dev, st.st_ino)
+
+
+def sqlite_file(url: str, timeouts: DbTimeouts) -> SqliteFile | None:
+    """The file guard of an SQLite file URL (None for PostgreSQL, ``:memory:`` and URI
+    filenames, which name no plain path)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.query.get("uri"):
+        return None
+    if not parsed.database or parsed.database == ":memory:":
+        return None
+    return SqliteFile(parsed.database, _busy_s(timeouts))
 
 
 def _storable(value: str) -> bool:
@@ -204,15 +408,29 @@ class PlanStore:
         self.url = url
         self.engine = _make_engine(url, timeouts)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.file = sqlite_file(url, timeouts)
+        if self.file is not None:
+            self.file.install(self.engine)
+
+    @property
+    def generation(self) -> int:
+        """Counts the times the database became another one under this store (an SQLite file
+        replaced at its path); memories of stored rows must be dropped when it changes."""
+        return 0 if self.file is None else self.file.generation
 
     def migrate(self) -> None:
-        """Bring the schema to the newest migration (``api/migrate.py``)."""
+        """Bring the schema to the newest migration (``api/migrate.py``); an SQLite file's
+        path is watched from then on (``SqliteFile``)."""
         from api.migrate import upgrade
 
         upgrade(self.engine)
+        if self.file is not None:
+            self.file.opened()
 
     def close(self) -> None:
         self.engine.dispose()
+        if self.file is not None:
+            self.file.close()
 
     def ping(self) -> None:
         """Raise unless the database answers a trivial query."""
@@ -224,14 +442,32 @@ class PlanStore:
         if not _storable(plan_id):
             return None
         stmt = (
-            select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body)
+            select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body, PlanRow.job_id)
             .where(PlanRow.plan_id == plan_id)
             .order_by(PlanRow.kind.desc())  # 'named' > 'anonymous'
             .limit(1)
         )
         with self.engine.connect() as conn:  # Core, not a Session: this is the replay path
             row = conn.execute(stmt).first()
-        return None if row is None else StoredPlan(row[0], row[1], row[2].encode())
+        return None if row is None else StoredPlan(row[0], row[1], row[2].encode(), row[3])
+
+    def get_many(self, plan_ids: Sequence[str]) -> dict[str, StoredPlan]:
+        """``get`` of many ids in a few statements: the plans found, by id."""
+        wanted = sorted({p for p in plan_ids if _storable(p)})
+        found: dict[str, tuple[str, StoredPlan]] = {}
+        with self.engine.connect() as conn:
+            for i in range(0, len(wanted), GET_MANY_BATCH):
+                stmt = select(
+                    PlanRow.kind,
+                    PlanRow.plan_id,
+                    PlanRow.request_digest,
+                    PlanRow.body,
+                    PlanRow.job_id,
+                ).where(PlanRow.plan_id.in_(wanted[i : i + GET_MANY_BATCH]))
+                for kind, plan_id, digest, body, job_id in conn.execute(stmt):
+                    if plan_id not in found or kind > found[plan_id][0]:  # named wins
+                        found[plan_id] = (kind, StoredPlan(plan_id, digest, body.encode(), job_id))
+        return {plan_id: stored for plan_id, (_kind, stored) in found.items()}
 
     def get_key(self, key: PlanKey) -> StoredPlan | None:
         with self.engine.connect() as conn:
@@ -322,7 +558,7 @@ class PlanStore:
             if stored is None:  # the same (job_id, step) under another plan_id: impossible
                 raise
             return stored
-        return StoredPlan(row.plan_id, row.request_digest, row.body.encode())
+        return StoredPlan(row.plan_id, row.request_digest, row.body.encode(), row.job_id)
 
     def delete_job(self, job_id: str) -> int:
         """Delete every plan of ``job_id``; the number deleted."""
@@ -393,11 +629,11 @@ class PlanStore:
 def _stored_at(conn: Any, key: PlanKey) -> StoredPlan | None:
     if not _storable(key.plan_id):
         return None
-    stmt = select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body).where(
+    stmt = select(PlanRow.plan_id, PlanRow.request_digest, PlanRow.body, PlanRow.job_id).where(
         PlanRow.kind == key.kind, PlanRow.plan_id == key.plan_id
     )
     row = conn.execute(stmt).first()
-    return None if row is None else StoredPlan(row[0], row[1], row[2].encode())
+    return None if row is None else StoredPlan(row[0], row[1], row[2].encode(), row[3])
 
 
 def _delete_claim(session: Session, key: PlanKey, owner: str) -> None:
