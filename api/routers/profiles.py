@@ -17,16 +17,14 @@ from api.deps import StoreDep
 from api.problems import ProblemError, problem_responses
 from api.profile_store import ProfileStore, StoredProfile
 from api.routers import plans
-from solver.profiles import Profile
+from solver.profiles import PROFILE_NAME_PATTERN, Profile
 
 # Authenticated like plans: whatever dependencies guard the plans router guard these routes.
 router = APIRouter(
     prefix="/v1/profiles", tags=["profiles"], dependencies=list(plans.router.dependencies)
 )
 
-ProfileName = Annotated[
-    str, Path(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-]
+ProfileName = Annotated[str, Path(min_length=1, max_length=100, pattern=PROFILE_NAME_PATTERN)]
 
 
 def _store(request: Request) -> ProfileStore:
