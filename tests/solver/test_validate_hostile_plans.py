@@ -60,10 +60,10 @@ def hostile_plans(draw: st.DrawFn) -> dict[str, Any]:
     doc = json.loads(json.dumps(VALID))
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(PATHS))
-        parent = _get(doc, path[:-1]) if path else None
-        if parent is None:
+        if not path:
             continue
-        try:
+        try:  # an earlier edit may have shortened or replaced a list on the way
+            parent = _get(doc, path[:-1])
             old = _get(doc, path)
         except (IndexError, KeyError, TypeError):
             continue
