@@ -135,6 +135,8 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
         if settled or short or not budget.use_cpsat or budget.expired():
             break
         p = parents[c]
+        if not p.samples:  # only its collectives' fixed cost: no layout of it is faster
+            break
         if len(p.samples) * slot_count(problem, p.size) > MAX_MODEL_ASSIGNMENTS:
             break
         model = ChildModel(problem, p.start, p.size, p.samples, incumbent_s=times[c])
