@@ -146,6 +146,11 @@ def _plan(request: PlanRequest, deadline_ms: float | None, use_cpsat: bool) -> P
             problem, request, base, sizes, base_members, budget
         ),
     }[mode]()
+    if best.evaluation.step_s > base.evaluation.step_s:
+        # Only where the safety net fired mid-search (a request deadline of 1 ms left
+        # repack+sizing a sized layout 2,660x slower): the upstream layout, unrepacked, is a
+        # layout of every mode, so no mode answers slower than it.
+        best = _Candidate(base.layout, base.evaluation, best.lower_bound_s)
     allowed = allowed_parent_sizes(request.cluster, request.model, uniform=False)
     tighter = reported_bound(problem, mode, sizes, base_members, allowed)
     best = _Candidate(best.layout, best.evaluation, max(best.lower_bound_s, tighter))
