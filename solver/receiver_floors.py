@@ -195,7 +195,9 @@ class ReceiverTerms:
         )
         m = np.maximum(np.maximum(e.m, busiest_best), self.m)
         z = np.maximum(np.maximum(e.z, best), self.z)
-        split = cost.full_layers * (base + m * self.per_token + self.fixed) + cost.sparse_layers * z
+        # 0 x inf is NaN: a model without sparse layers (pattern "F") has no child term at all
+        sparse = cost.sparse_layers * z if cost.sparse_layers else 0.0
+        split = cost.full_layers * (base + m * self.per_token + self.fixed) + sparse
         edited = np.minimum(whole, split)
         fits = total <= self.size * cost.max_tokens_per_rank
         out = (

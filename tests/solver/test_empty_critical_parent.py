@@ -6,12 +6,17 @@ requests)."""
 
 from __future__ import annotations
 
+import json
+import warnings
+from pathlib import Path
+
 import pytest
 
 from solver.planner import plan
 from solver.schema import PlanRequest
 from solver.validate import validate_plan
 
+DATA = Path(__file__).resolve().parent / "data"
 MODES = ("baseline", "sizing", "repack", "repack+parent", "repack+sizing")
 
 REQUESTS = [
@@ -49,3 +54,14 @@ def test_an_empty_critical_parent_is_planned(data: dict[str, object], mode: str)
     if mode != "baseline":
         base = plan(req.model_copy(update={"mode": "baseline"}))
         assert got.metrics.step_time_ms <= base.metrics.step_time_ms * (1 + 1e-9)
+
+
+def test_a_model_without_sparse_layers_computes_no_nan() -> None:
+    """Pattern ``F`` (no sparse layers): the receiver floors multiplied 0 sparse layers by an
+    infinite child time, a NaN that only a mask kept out of the plan (a hunt, 2026-12-07)."""
+    data = json.loads((DATA / "hunt-16x8-pattern-f-parents-2.json").read_text())
+    req = PlanRequest.model_validate({**data, "mode": "repack+parent"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = plan(req, deadline_ms=60_000)
+    assert validate_plan(req, got) == []
