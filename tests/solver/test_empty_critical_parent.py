@@ -51,6 +51,9 @@ def test_an_empty_critical_parent_is_planned(data: dict[str, object], mode: str)
     assert validate_plan(req, got) == []
     assert got.metrics.lower_bound_ms is not None
     assert got.metrics.lower_bound_ms <= got.metrics.step_time_ms * (1 + 1e-9)
+    # the parents' collectives are a bound too (``bounds.collectives_floor``): these plans
+    # are optimal, where the bounds about samples alone reported a gap of 100%
+    assert got.metrics.gap is not None and got.metrics.gap < 1e-9
     if mode != "baseline":
         base = plan(req.model_copy(update={"mode": "baseline"}))
         assert got.metrics.step_time_ms <= base.metrics.step_time_ms * (1 + 1e-9)
