@@ -167,7 +167,8 @@ def store_refit(
     row = JobProfileRow(
         job_id=job_id,
         version=inputs.version,
-        from_step=0 if planned is None else planned + 1,
+        # the step after the last one planned, but no step beyond int64 exists to plan
+        from_step=0 if planned is None else min(planned + 1, MAX_STEP),
         steps_used=inputs.count,
         error_before=fitted.error_before,
         error_after=fitted.error_after,
@@ -177,6 +178,8 @@ def store_refit(
     return row if profiles.add_job_profile(row) else None
 
 
+MAX_STEP = 2**63 - 1
+"""The largest step (the database's int64)."""
 FIT_THREADS = 1
 """Refits computing at once (per process): each is pure CPU, so more would only slow the
 event loop and the database threads down (one GIL)."""

@@ -308,3 +308,29 @@ def test_sqlite_file_replaced_by_another_database_is_used_after_migrating_it(
             assert [s["step"] for s in steps] == list(range(6))
     server.stop()
     assert _history(db_path, start_server, "new") == list(range(6))
+
+
+def test_a_refit_after_the_largest_step_is_stored(db_url: str, start_server: ServerFactory) -> None:
+    """Steps up to 2^63-1 are accepted; a refit after the last one set its first step to 2^63,
+    past the database's int64: a 500 on SQLite, a 503 and an outage on PostgreSQL (a re-check
+    hunt, 2026-12-07). The version now applies from the largest step."""
+    server = start_server(db_url, solver_workers=1)
+    job, last = "last-steps", 2**63 - 1
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        opted = c.put(
+            f"/v1/jobs/{job}/feedback", json={"enabled": True, "min_steps": 2, "refit_every": 1}
+        )
+        assert opted.status_code == 200, opted.text
+        for i, s in enumerate((last - 1, last)):
+            body = {**_measured_request(job, i), "step": s}
+            assert c.post("/v1/plans", json=body).status_code == 200
+        time.sleep(0.3)  # each step's request is recorded just after its answer
+        for i, s in enumerate((last - 1, last)):
+            r = c.post(
+                f"/v1/jobs/{job}/steps/{s}/measurements",
+                json={"step_time_ms": 50.0 + 9 * i, "all_to_all_ms": 5.0 + i},
+            )
+            assert r.status_code == 201, r.text
+        versions = c.get(f"/v1/jobs/{job}/feedback").json()["versions"]
+        assert [v["from_step"] for v in versions] == [last]
+        assert c.get("/readyz").status_code == 200
