@@ -18,11 +18,13 @@ def write_atomic(path: str | Path, text: str) -> None:
     new one gets the umask's, and a path that is not a regular file (a FIFO, ``/dev/stdout``)
     is written in place: renaming over it would replace it, not feed it.
     """
-    path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
+    if os.path.exists(path) and not os.path.isfile(path):  # both follow symlinks
+        # ``/dev/stdout`` of a pipe resolves to "pipe:[N]", which no path names: open the
+        # path given, not its real path
         with open(path, "w") as f:  # a directory raises IsADirectoryError, naming it
             f.write(text)
         return
+    path = Path(os.path.realpath(path))
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

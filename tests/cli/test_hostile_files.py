@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.cli.helpers import EXAMPLE_REQUEST, Repack, assert_one_line_error
+from tests.cli.helpers import EXAMPLE_REQUEST, ROOT, Repack, assert_one_line_error
 
 
 @pytest.mark.parametrize(
@@ -75,3 +77,18 @@ def test_out_keeps_the_file_mode_or_follows_the_umask(repack: Repack, tmp_path: 
 
 def test_out_to_a_directory_is_one_line_error(repack: Repack, tmp_path: Path) -> None:
     assert_one_line_error(repack("solve", EXAMPLE_REQUEST, "--out", tmp_path), str(tmp_path))
+
+
+def test_out_to_dev_stdout_of_a_pipe(tmp_path: Path) -> None:
+    """``--out /dev/stdout`` with stdout a pipe failed: the real path of the descriptor is
+    ``pipe:[N]``, which no file is (a re-check hunt, 2026-12-07)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "solve", str(EXAMPLE_REQUEST), "--out", "/dev/stdout"],
+        cwd=ROOT,
+        capture_output=True,  # stdout is a pipe
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"parents"' in proc.stdout
