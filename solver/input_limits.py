@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import BaseModel, model_validator
+
 MANY = 20
 """More bad entries than this are one error (fewer keep pydantic's one error each)."""
 
@@ -36,10 +38,22 @@ def few_unknown_keys(data: Any, known: Iterable[str], where: str = "") -> Any:
     ``known``: then one ``ValueError`` naming a few, the count and ``where`` they are."""
     if not isinstance(data, dict) or len(data) <= MANY:
         return data
-    unknown = [k for k in data if k not in set(known)]
+    names = set(known)
+    unknown = [k for k in data if k not in names]
     if len(unknown) <= MANY:
         return data
     shown = ", ".join(repr(str(k)[:40]) for k in unknown[:5])
     raise ValueError(
         f"{len(unknown)} unknown fields{' in ' + where if where else ''} ({shown}, ...)"
     )
+
+
+class FewUnknownKeys(BaseModel):
+    """A model whose body of more than ``MANY`` unknown keys is one error (the bodies the
+    service validates: measurements, profiles, feedback settings; a 15 MB body of 1.3 million
+    unknown keys held the event loop 6-8 s on each of those routes)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown_keys(cls, data: Any) -> Any:
+        return few_unknown_keys(data, cls.model_fields)

@@ -10,6 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from solver.input_limits import FewUnknownKeys
+
 MAX_MEASURED_MS = 1e8
 """~28 hours: anything longer for one step is a unit mistake, not a measurement."""
 
@@ -25,7 +27,7 @@ class LayerTimes(BaseModel):
     sparse_ms: Millis = Field(..., description="Sliding-window + MoE layers, all-to-alls included.")
 
 
-class StepMeasurement(BaseModel):
+class StepMeasurement(FewUnknownKeys):
     """One step as it really ran (the body of ``POST /v1/jobs/{job}/steps/{step}/measurements``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

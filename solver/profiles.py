@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, StrictInt
+
+from solver.input_limits import FewUnknownKeys
 
 # --- plausible ranges (inclusive unless noted), shared by Profile and ClusterSpec ---------------
 PEAK_TFLOPS_RANGE = (0.0001, 1_000_000.0)
@@ -52,7 +54,7 @@ PROFILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """A profile's name is a path segment (``/v1/profiles/{name}``) and a database string."""
 
 
-class Profile(BaseModel):
+class Profile(FewUnknownKeys):
     """The cost model's constants for one cluster (what ``repack calibrate`` fits).
 
     Fields left out of a profile file take the default profile's values, so a partial

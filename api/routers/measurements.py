@@ -23,6 +23,7 @@ from api.problems import ProblemError, problem_responses
 from api.profile_store import ProfileStore
 from api.routers import plans
 from api.routers.params import JobIdPath, MeasurementsAfter, StepPath
+from solver.input_limits import FewUnknownKeys
 from solver.measurement_schema import StepMeasurement
 from solver.profile_feedback import FeedbackConfig
 
@@ -47,7 +48,7 @@ class MeasurementAnswer(BaseModel):
     profile_version: int | None = Field(None, description="A profile version this post created.")
 
 
-class FeedbackSettings(BaseModel):
+class FeedbackSettings(FewUnknownKeys):
     """Opt a job in or out of profile refits from its measured steps."""
 
     model_config = ConfigDict(extra="forbid")
