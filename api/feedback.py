@@ -183,6 +183,8 @@ MAX_STEP = 2**63 - 1
 FIT_THREADS = 1
 """Refits computing at once (per process): each is pure CPU, so more would only slow the
 event loop and the database threads down (one GIL)."""
+REFIT_ATTEMPTS = 3
+"""Reads of a refit's inputs when refits of the same version win first (then it gives up)."""
 STORED_MEMO = 1024
 """Jobs whose newest stored refit this process remembers (to skip fits that would lose)."""
 
@@ -213,19 +215,28 @@ class MaybeRefit(StagedWork[JobProfileRow | None]):
         self, db: Database, profiles: ProfileStore, plans: PlanStore, job_id: str
     ) -> JobProfileRow | None:
         memo = (plans.url, plans.generation, job_id)
-        inputs = await db.call(refit_inputs, profiles, plans, job_id)
-        if inputs is None or self._lost(memo, inputs):
-            return None
         if self._executor is None:
             self._executor = ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="refit")
         loop = asyncio.get_running_loop()
-        fitted = await loop.run_in_executor(self._executor, self._fit, memo, inputs)
-        if fitted is None:
-            return None
-        row = await db.call(store_refit, profiles, job_id, inputs, fitted)
-        if row is not None:
-            self._stored[memo] = max(row.version, self._stored.get(memo, 0))
-        return row
+        # A refit that another one stored first read its inputs before that one's steps were
+        # all in: read them again (a next version may be due, from more steps), a few times,
+        # so that a burst of measurements ends on a version fitted from most of them.
+        for _ in range(REFIT_ATTEMPTS):
+            inputs = await db.call(refit_inputs, profiles, plans, job_id)
+            if inputs is None:
+                return None
+            if self._lost(memo, inputs):
+                continue
+            fitted = await loop.run_in_executor(self._executor, self._fit, memo, inputs)
+            if fitted is None:
+                if self._lost(memo, inputs):  # lost while it waited for the refit thread
+                    continue
+                return None  # the fit itself found nothing to change
+            row = await db.call(store_refit, profiles, job_id, inputs, fitted)
+            if row is not None:
+                self._stored[memo] = max(row.version, self._stored.get(memo, 0))
+                return row
+        return None
 
     def _lost(self, memo: tuple[str, int, str], inputs: RefitInputs) -> bool:
         return self._stored.get(memo, 0) >= inputs.version
