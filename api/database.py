@@ -197,5 +197,8 @@ class Database:
     async def list_jobs(self, after: str | None, limit: int) -> list[JobSummary]:
         return await self.call(self.store.list_jobs, after, limit)
 
+    async def has_job(self, job_id: str) -> bool:
+        return await self.call(self.store.has_job, job_id)
+
     async def list_steps(self, job_id: str, after: int | None, limit: int) -> Sequence[PlanRow]:
         return await self.call(self.store.list_steps, job_id, after, limit)

@@ -609,6 +609,15 @@ class PlanStore:
             rows = session.execute(stmt).all()
         return [JobSummary(r[0], r[1], r[2], r[3], float(r[4]), as_utc(r[5])) for r in rows]
 
+    def has_job(self, job_id: str) -> bool:
+        """Whether any plan (with a step or not) carries ``job_id``: the jobs list shows such a
+        job, so its steps page must exist even when none of its plans has a step."""
+        if not _storable(job_id):
+            return False
+        stmt = select(PlanRow.plan_id).where(PlanRow.job_id == job_id).limit(1)
+        with self._sessions() as session:
+            return session.execute(stmt).first() is not None
+
     def list_steps(self, job_id: str, after: int | None, limit: int) -> Sequence[PlanRow]:
         """A job's plans ordered by step, keyset-paginated (``after`` = last step seen)."""
         if not _storable(job_id):

@@ -61,7 +61,7 @@ async def job_page(
 ) -> HTMLResponse:
     caller.require(job_id)
     rows = await store.list_steps(job_id, None, MAX_PLOTTED_STEPS)
-    if not rows:
+    if not rows and not await store.has_job(job_id):
         raise ProblemError(404, "job-not-found", f"no plans for job {job_id!r}")
     steps = [Step.from_row(r).model_dump(mode="json") for r in rows]
     return templates.TemplateResponse(request, "job.html", {"job_id": job_id, "steps": steps})

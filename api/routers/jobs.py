@@ -118,11 +118,12 @@ async def list_steps(
     after: StepsAfter = None,
     limit: Limit = None,
 ) -> StepPage:
-    """A job's plans in step order with their metrics."""
+    """A job's plans in step order with their metrics (empty for a job whose plans carry no
+    step; 404 only for a job with no plans at all)."""
     caller.require(job_id)
     size = limit or settings.page_limit
     rows = await db.list_steps(job_id, after, size)
-    if not rows and after is None:
+    if not rows and after is None and not await db.has_job(job_id):
         raise JobNotFound(f"no plans for job {job_id!r}")
     items = [Step.from_row(r) for r in rows]
     return StepPage(

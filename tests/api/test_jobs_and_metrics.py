@@ -69,3 +69,23 @@ def test_tiny_deadline_still_gives_a_valid_plan_and_counts_a_deadline_hit(
 def test_health_and_readiness(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready", "database": "ok", "solver": "ok"}
+
+
+def test_a_job_listed_with_only_stepless_plans_has_an_empty_steps_page(
+    client: httpx.Client,
+) -> None:
+    """A plan with a job id but no step is listed under its job; the job's steps route and
+    dashboard page must then answer (with no steps), not 404 a job the list just showed."""
+    body = small_request("stepless", 0)
+    del body["step"]
+    assert client.post("/v1/plans", json=body).status_code == 200
+    jobs = client.get("/v1/jobs").json()["items"]
+    assert [j["job_id"] for j in jobs] == ["stepless"]
+    page = client.get("/v1/jobs/stepless/steps")
+    assert page.status_code == 200, page.text
+    assert page.json()["items"] == [] and page.json()["next_after"] is None
+    html = client.get("/dashboard/jobs/stepless")
+    assert html.status_code == 200, html.text
+    assert "0 steps" in html.text
+    for missing in ("/v1/jobs/nobody/steps", "/dashboard/jobs/nobody"):
+        assert client.get(missing).status_code == 404
