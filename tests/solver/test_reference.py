@@ -372,7 +372,11 @@ OPEN: list[tuple[str, tuple[str, ...]]] = [
     # ends as one child of 2 and thirty children of 1, each full to ~32,7xx of 32,768 tokens,
     # so no swap moves anything; the reference spreads the parent's samples over its nodes by
     # work first and packs nodes 0-1 as children of 2 and nodes 2-3 as children of 1. The node
-    # re-packing moves only run up to 32 ranks (and did not help here when forced on).
+    # re-packing moves only run up to 32 ranks (and did not help here when forced on). The node
+    # stage's moves with a fixed membership reach it with more work: 4x / 8x / 16x gave
+    # 8,707.7 / 8,687.6 / 8,685.9 ms for 161 / 270 / 452 ms of CPU (79 now), and 8x took
+    # `repack+parent`'s max CPU on 10 steps of this family from 402 to 606 ms (it computes
+    # mode `repack`'s answer where owed) for -0.02% summed step time, so not taken.
     ("hunt-8x8-two-parents-32-920003.json", ("repack",)),  # +0.32%
 ]
 
