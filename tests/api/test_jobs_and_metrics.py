@@ -84,6 +84,9 @@ def test_a_job_listed_with_only_stepless_plans_has_an_empty_steps_page(
     page = client.get("/v1/jobs/stepless/steps")
     assert page.status_code == 200, page.text
     assert page.json()["items"] == [] and page.json()["next_after"] is None
+    listing = client.get("/dashboard")
+    assert listing.status_code == 200 and "stepless" in listing.text
+    assert "None" not in listing.text  # no step range to show, not "None–None"
     html = client.get("/dashboard/jobs/stepless")
     assert html.status_code == 200, html.text
     assert "0 steps" in html.text
