@@ -28,7 +28,11 @@ from solver.cost_model import (
 )
 from solver.membership import single_sample_bound
 from solver.node_membership import TIGHT_FILL
-from solver.node_memory_bound import node_memory_free_bound, node_memory_parent_bound
+from solver.node_memory_bound import (
+    node_memory_free_bound,
+    node_memory_parent_bound,
+    tiling_memory_bound,
+)
 from solver.problem import Problem
 from solver.repacked_slack_bound import repacked_slack_bound
 from solver.slack_bound import slack_bound
@@ -293,6 +297,7 @@ def reported_bound(
     the node-level memory bounds (``node_memory_bound``), which the search does not use (its
     decisions, and so the plans, stay as they were). ``repack``: the upstream membership
     ``members`` of ``sizes``; ``repack+parent``: any membership of ``sizes``, with the
+    memory every parent of the tiling must hold (``tiling_memory_bound``) and the
     child-level shared-slack bound of those sizes alone on memory-tight steps; the sizing
     modes: any tiling from ``allowed`` (and the upstream ``sizes``), with the shared-slack bound
     (``slack_bound``) for ``sizing``, whose parents are all unrepacked, and its child-level
@@ -308,6 +313,7 @@ def reported_bound(
         return max(
             collectives_floor(problem, sizes),
             sizes_bound(problem, sizes),
+            tiling_memory_bound(problem, sizes),
             repacked_slack_bound(problem, sorted(set(sizes)))
             if problem.fill >= TIGHT_FILL
             else 0.0,
