@@ -251,11 +251,13 @@ def pigeonhole_bound(problem: Problem, sizes: Sequence[int], repack: bool) -> fl
 
 def sizes_bound(problem: Problem, sizes: Sequence[int]) -> float:
     """True for every layout of the parents ``sizes``, any membership, repacked or not (mode
-    ``repack+parent``'s model): the node-level memory and split bounds. ``repack+sizing`` prunes
+    ``repack+parent``'s model): the node-level memory and split bounds, and the memory every
+    parent of the tiling must hold (``tiling_memory_bound``). ``repack+sizing`` prunes
     its ``repack+parent`` candidate with it."""
     return max(
         node_memory_free_bound(problem, sizes, repack=True),
         split_bound(problem, sizes, repack=True, tiling=True),
+        tiling_memory_bound(problem, sizes),
     )
 
 
@@ -313,7 +315,6 @@ def reported_bound(
         return max(
             collectives_floor(problem, sizes),
             sizes_bound(problem, sizes),
-            tiling_memory_bound(problem, sizes),
             repacked_slack_bound(problem, sorted(set(sizes)))
             if problem.fill >= TIGHT_FILL
             else 0.0,
