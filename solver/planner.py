@@ -48,7 +48,7 @@ from solver.parent_sizing import derive_parent_sizes
 from solver.plan_builder import SolveOutcome, build_plan
 from solver.problem import Problem
 from solver.schema import Mode, Plan, PlanRequest, StoppedBy, allowed_parent_sizes
-from solver.tilings import best_tilings, candidate_tilings, tiling_memberships
+from solver.tilings import best_tilings, candidate_tilings, tiling_memberships, wide_tilings
 
 ASSEMBLY_MS_PER_RANK = 0.012
 ASSEMBLY_MS_PER_SAMPLE = 0.004
@@ -654,11 +654,17 @@ def _repack_sizing(
     # Last, so that a deadline that fires here still leaves repack+parent's layout.
     if (found is None and early is None) or budget.expired():
         return _Sized(best, tuple(tilings))
-    wide = _wide_tiling(problem, allowed, world, best.evaluation.step_s, budget, tried)
-    if wide is None:
-        return _Sized(best, tuple(tilings))
-    parent = _repack_parent(problem, *wide, budget, best.evaluation.step_s)
-    return _Sized(_faster_candidate(best, parent, bound), tuple(tilings))
+    for candidates in (
+        candidate_tilings(problem, allowed, world, wide=False),
+        wide_tilings(problem, allowed, world),
+    ):
+        if budget.expired():
+            break
+        wide = _wide_tiling(problem, candidates, best.evaluation.step_s, budget, tried)
+        if wide is not None:
+            parent = _repack_parent(problem, *wide, budget, best.evaluation.step_s)
+            best = _faster_candidate(best, parent, bound)
+    return _Sized(best, tuple(tilings))
 
 
 def _pruning_floor(early: _Candidate | None) -> float:
@@ -718,20 +724,23 @@ def _found_or_parent(
 
 def _wide_tiling(
     problem: Problem,
-    allowed: list[int],
-    world: int,
+    candidates: list[list[int]],
     incumbent_s: float,
     budget: Budget,
     tried: list[list[int]],
 ) -> tuple[list[int], list[list[int]]] | None:
-    """The candidate tiling with a parent at least a node wide (where node-local children gain
-    most, so unrepacked time ranks it worst) not yet tried with the lowest repacked bound, if
-    that bound can beat ``incumbent_s``, with its exact-time membership (``tilings``). The
-    node-wide tiling counts: under a loader of wider parents it is often the fastest repacked
-    (every parent one node, so its full layers' all-to-all stays inside it too)."""
+    """The tiling of ``candidates`` with a parent at least a node wide (where node-local
+    children gain most, so unrepacked time ranks it worst) not yet tried with the lowest
+    repacked bound, if that bound can beat ``incumbent_s``, with its exact-time membership
+    (``tilings``). The node-wide tiling counts: under a loader of wider parents it is often
+    the fastest repacked (every parent one node, so its full layers' all-to-all stays inside
+    it too). The caller picks one of the simple tilings, then one of the ``wide_tilings``
+    (clusters whose ranks are not a power of two): ranked together, a wide tiling's low
+    repacked bound took the place of the node-wide tiling that won (40 GPUs, [32, 4, 4]
+    instead of [8] * 5: +1.4%)."""
     ranked = sorted(
         (membership_free_bound(problem, t, repack=True), t)
-        for t in candidate_tilings(problem, allowed, world)
+        for t in candidates
         if t not in tried and max(t) >= problem.cost.gpus_per_node
     )
     if not ranked or _beyond(ranked[0][0], incumbent_s):

@@ -9,7 +9,9 @@ tilings are that simple alternative, so the sizing modes are never beaten by it:
 * every allowed uniform size at least the size the longest sample needs (memory), and
 * the longest sample's minimal parent first, the rest of the cluster at one narrower uniform size
   (aligned: every parent starts at a multiple of its size, as the buddy allocator of
-  ``buddy.py`` hands them out).
+  ``buddy.py`` hands them out), and
+* on clusters whose ranks are not a power of two, a parent wider than that minimum and than
+  half the cluster (``WIDE_TILINGS``: no uniform tiling has it) first, the rest narrower.
 
 Each tiling gets membership balanced by exact unrepacked time (LPT + local search; where LPT
 runs out of packed memory, the node-level LPT with every parent whole, which fits where LPT does
@@ -39,6 +41,13 @@ TIGHT_TILING_EVALS = 5_000
 are swaps of near-equal lengths (no parent has room): 500 left it far from its relaxation."""
 MAX_TILINGS = 6
 """Tilings tried per request, widest-needed first: keeps the stage's work bounded."""
+WIDE_TILINGS = 2
+"""Tilings with one parent wider than the longest sample needs and than half the cluster, so
+that no uniform layout has it (the cluster's ranks are not a power of two: 96 = 64 + 32),
+beyond ``MAX_TILINGS``. Spreading a very long sample's quadratic attention over twice the ranks can
+halve its parent's time despite the wider all-to-all: 96 GPUs of 8-GPU nodes, a 471,859-token
+sample (16 ranks hold it): `sizing` and `repack+sizing` kept [32, 32, 32] at 23,648 ms while
+[64, 32] takes 19,860 ms unrepacked and 18,868 ms repacked."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +69,12 @@ def _aligned(world: int, sizes: Sequence[int]) -> bool:
     return at == world
 
 
-def candidate_tilings(problem: Problem, allowed: Sequence[int], world: int) -> list[list[int]]:
+def candidate_tilings(
+    problem: Problem, allowed: Sequence[int], world: int, wide: bool = True
+) -> list[list[int]]:
     """Uniform tilings from the longest sample's minimal size up, then that size + each
-    narrower uniform size (widest narrow size first), at most ``MAX_TILINGS``."""
+    narrower uniform size (widest narrow size first), at most ``MAX_TILINGS``; then, with
+    ``wide``, the ``wide_tilings``."""
     longest = max(problem.tokens)
     fitting = [p for p in allowed if longest <= problem.capacity(p)]
     if not fitting:
@@ -72,7 +84,26 @@ def candidate_tilings(problem: Problem, allowed: Sequence[int], world: int) -> l
     for q in sorted((p for p in allowed if p < need), reverse=True):
         if (world - need) % q == 0:
             out.append([need] + [q] * ((world - need) // q))
-    return [t for t in out if _aligned(world, t)][:MAX_TILINGS]
+    simple = [t for t in out if _aligned(world, t)][:MAX_TILINGS]
+    return simple + wide_tilings(problem, allowed, world) if wide else simple
+
+
+def wide_tilings(problem: Problem, allowed: Sequence[int], world: int) -> list[list[int]]:
+    """At most ``WIDE_TILINGS`` tilings whose first parent, wider than the longest sample
+    needs, is wider than half the cluster, so that no uniform tiling has it (96 ranks: 64 +
+    32), the rest at one narrower size (widest first)."""
+    longest = max(problem.tokens)
+    fitting = sorted(p for p in allowed if longest <= problem.capacity(p))
+    if not fitting:
+        return []
+    out = [
+        [p] + [q] * ((world - p) // q)
+        for p in fitting
+        if fitting[0] < p < world < 2 * p
+        for q in sorted((q for q in allowed if q < p), reverse=True)
+        if (world - p) % q == 0
+    ]
+    return [t for t in out if _aligned(world, t)][:WIDE_TILINGS]
 
 
 def tiling_memberships(problem: Problem, sizes: list[int], budget: Budget) -> list[list[list[int]]]:
