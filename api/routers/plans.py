@@ -49,6 +49,7 @@ async def create_plan(
         raise RequestValidationError(
             [{"loc": ("body", "step"), "msg": f"must be <= {MAX_STEP}", "type": "less_than_equal"}]
         )
+    _refuse_claimed_profile(body)
     caller.require(body.job_id)
     started = time.perf_counter()
     profiles = http.app.state.profiles
@@ -66,6 +67,37 @@ async def create_plan(
             record_planned, profiles, db, body, answer.source, profile_version
         ),
     )
+
+
+def _refuse_claimed_profile(body: PlanRequest) -> None:
+    """A plan's ``profile`` block names the stored version that priced it, so only the
+    service sets it: an inline profile carrying ``version`` / ``job_version``, or riding along
+    with ``profile_name`` (whose stored constants it would replace unseen), is refused. The
+    solver alone accepts both: a stored, resolved request replays as it was planned."""
+    inline = body.profile
+    if inline is None:
+        return
+    errors = [
+        {
+            "loc": ("body", "profile", field),
+            "msg": "is set by the service from its profile store; leave it out of an inline "
+            "profile (or send profile_name to use a stored one)",
+            "type": "value_error",
+        }
+        for field in ("version", "job_version")
+        if getattr(inline, field) is not None
+    ]
+    if body.profile_name is not None:
+        errors.append(
+            {
+                "loc": ("body", "profile_name"),
+                "msg": "names a stored profile, but the request also carries an inline profile "
+                "that would replace it; give one of them",
+                "type": "value_error",
+            }
+        )
+    if errors:
+        raise RequestValidationError(errors)
 
 
 def _headers(source: str, profile_version: int | None) -> dict[str, str]:

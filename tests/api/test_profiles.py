@@ -90,3 +90,28 @@ def test_replacing_a_named_profile_does_not_turn_a_retry_into_a_409(
     assert retry.content == first.content  # the stored plan, replayed byte for byte
     after = client.post("/v1/plans", json=small_request("named", 1, profile_name="slow-net"))
     assert after.json()["profile"]["version"] == 2  # the next step uses the new version
+
+
+@pytest.mark.parametrize(
+    ("fields", "location"),
+    [
+        ({"profile": {"name": "slow-net", "version": 99}}, "body.profile.version"),
+        ({"profile": {"name": "slow-net", "job_version": 5}}, "body.profile.job_version"),
+        (
+            {"profile": {"name": "slow-net", "peak_tflops": 1.0}, "profile_name": "slow-net"},
+            "body.profile_name",
+        ),
+    ],
+)
+def test_a_request_cannot_claim_a_stored_profile_it_does_not_use(
+    client: httpx.Client, fields: dict[str, object], location: str
+) -> None:
+    """A plan's ``profile`` block says which stored version priced it: an inline profile that
+    carries a version, or that rides along with ``profile_name``, would put the service's name
+    on constants it never stored (the inline one won silently before)."""
+    client.put("/v1/profiles/slow-net", json=SLOW_NET)
+    r = client.post("/v1/plans", json=small_request("forged", 0, **fields))
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert [e["location"] for e in r.json()["errors"]] == [location]
+    assert client.get("/v1/plans/forged-0").status_code == 404  # nothing stored
