@@ -8,14 +8,32 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from solver.input_limits import FewUnknownKeys
 
 MAX_MEASURED_MS = 1e8
 """~28 hours: anything longer for one step is a unit mistake, not a measurement."""
 
-Millis = Annotated[float, Field(ge=0, le=MAX_MEASURED_MS, allow_inf_nan=False)]
+MIN_MEASURED_MS = 1e-3
+"""A microsecond: a shorter non-zero time is a unit mistake too, and a denormal one (``5e-324``)
+overflowed the job's refit, whose errors are relative to the measured times."""
+
+
+def _zero_or_measurable(ms: float) -> float:
+    if 0 < ms < MIN_MEASURED_MS:
+        raise ValueError(
+            f"must be 0 or at least {MIN_MEASURED_MS} ms (a microsecond): is it in milliseconds?"
+        )
+    return ms
+
+
+Millis = Annotated[
+    StrictFloat,
+    Field(ge=0, le=MAX_MEASURED_MS, allow_inf_nan=False),
+    AfterValidator(_zero_or_measurable),
+]
+"""Strict: a number (an integer is fine), never ``true`` or ``"5"``, like the plan schema."""
 
 
 class LayerTimes(BaseModel):
@@ -32,7 +50,9 @@ class StepMeasurement(FewUnknownKeys):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    step_time_ms: Annotated[float, Field(gt=0, le=MAX_MEASURED_MS, allow_inf_nan=False)] = Field(
+    step_time_ms: Annotated[
+        StrictFloat, Field(ge=MIN_MEASURED_MS, le=MAX_MEASURED_MS, allow_inf_nan=False)
+    ] = Field(
         ...,
         description="Whole step (forward, backward, optimizer), slowest rank.",
     )

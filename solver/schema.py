@@ -39,12 +39,14 @@ from solver.profiles import (
 MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
 JOB_ID_PATTERN = (
-    r"^(?:[^\x00-\x1f\x7f/.]|\.[^\x00-\x1f\x7f/.]|\.\.[^\x00-\x1f\x7f/])[^\x00-\x1f\x7f/]*$"
+    r"^(?:[^\x00-\x1f\x7f/.\uFFFD]|\.[^\x00-\x1f\x7f/.\uFFFD]|\.\.[^\x00-\x1f\x7f/\uFFFD])"
+    r"[^\x00-\x1f\x7f/\uFFFD]*$"
 )
 """A job id is a path segment and a database string: no control characters (NUL included),
 no ``/``, and not ``.`` or ``..``, which a browser resolves away in a path (even percent-encoded),
-so such a job's pages could not be reached. Written without lookahead, which pydantic's regex
-engine lacks."""
+so such a job's pages could not be reached; and no U+FFFD, which is what undecodable bytes in
+a URL become (``%ff%fe`` named the same job as ``%fe%ff``). Written without lookahead, which
+pydantic's regex engine lacks."""
 
 CHILD_SIZES = (1, 2, 4, 8)
 """Sizes a node-local child may have (docs/design.md section 3, rule 2)."""

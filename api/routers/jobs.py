@@ -12,7 +12,7 @@ from api.auth import Caller
 from api.deps import DatabaseDep, ServiceDep, SettingsDep
 from api.errors import JobNotFound
 from api.problems import problem_responses
-from api.routers.params import JobIdPath, StepsAfter
+from api.routers.params import DecimalInt, JobIdPath, StepsAfter
 from api.storage import JobSummary, PlanRow, as_utc
 from solver.schema import JOB_ID_PATTERN
 
@@ -84,7 +84,7 @@ class StepPage(BaseModel):
     """Pass as ``after`` for the next page; null on the last page."""
 
 
-Limit = Annotated[int | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
+Limit = Annotated[DecimalInt | None, Query(ge=1, le=MAX_PAGE, description="Page size.")]
 
 
 @router.get("", response_model=JobPage, responses=problem_responses(401, 403, 422, 429, 503))

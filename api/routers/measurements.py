@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from api.auth import Caller
 from api.deps import StoreDep
@@ -22,7 +22,7 @@ from api.measurement_view import compare_steps
 from api.problems import ProblemError, problem_responses
 from api.profile_store import ProfileStore
 from api.routers import plans
-from api.routers.params import JobIdPath, MeasurementsAfter, StepPath
+from api.routers.params import DecimalInt, JobIdPath, MeasurementsAfter, StepPath
 from solver.input_limits import FewUnknownKeys
 from solver.measurement_schema import StepMeasurement
 from solver.profile_feedback import FeedbackConfig
@@ -53,11 +53,12 @@ class FeedbackSettings(FewUnknownKeys):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool
-    min_steps: int = Field(FeedbackConfig.min_steps, ge=2, le=100_000)
-    refit_every: int = Field(FeedbackConfig.refit_every, ge=1, le=100_000)
-    max_change: float = Field(FeedbackConfig.max_change, gt=1.0, le=10.0, allow_inf_nan=False)
-    window: int = Field(FeedbackConfig.window, ge=2, le=MAX_LIST)
+    # Strict like the plan schema: "enabled": "off" must not be read as a choice.
+    enabled: StrictBool
+    min_steps: StrictInt = Field(FeedbackConfig.min_steps, ge=2, le=100_000)
+    refit_every: StrictInt = Field(FeedbackConfig.refit_every, ge=1, le=100_000)
+    max_change: StrictFloat = Field(FeedbackConfig.max_change, gt=1.0, le=10.0, allow_inf_nan=False)
+    window: StrictInt = Field(FeedbackConfig.window, ge=2, le=MAX_LIST)
 
 
 @router.post(
@@ -115,7 +116,7 @@ async def list_measurements(
     plans_store: StoreDep,
     caller: Caller,
     after: MeasurementsAfter = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 1000,
+    limit: Annotated[DecimalInt, Query(ge=1, le=MAX_LIST)] = 1000,
 ) -> dict[str, Any]:
     caller.require(job_id)
     profiles = profile_store(request)

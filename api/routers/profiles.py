@@ -17,6 +17,7 @@ from api.deps import StoreDep
 from api.problems import ProblemError, problem_responses
 from api.profile_store import ProfileStore, StoredProfile
 from api.routers import plans
+from api.routers.params import DecimalInt
 from solver.profiles import PROFILE_NAME_PATTERN, Profile
 
 # Authenticated like plans: whatever dependencies guard the plans router guard these routes.
@@ -80,7 +81,7 @@ async def get_profile(
     request: Request,
     db: StoreDep,
     caller: Caller,
-    version: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    version: Annotated[DecimalInt | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> Profile:
     stored = await db.call(_store(request).get_profile, name, version)
     if stored is None:
