@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cli.errors import InputError
-from cli.options import positive_int
+from cli.options import output_path, positive_int
 from cli.output import format_table, write_atomic
 from solver.calibration_fit import CalibrationFitError
 from solver.calibration_profile import (
@@ -58,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "least squares, print each term's fit error and write a named profile file.",
     )
     p.add_argument("--name", required=True, help="profile name (letters, digits, . _ -)")
-    p.add_argument("--out", required=True, metavar="PROFILE.json", help="profile file to write")
+    p.add_argument(
+        "--out",
+        type=output_path,
+        required=True,
+        metavar="PROFILE.json",
+        help="profile file to write",
+    )
     p.add_argument(
         "--gpus-per-node",
         type=positive_int,

@@ -21,15 +21,19 @@ def write_atomic(path: str | Path, text: str) -> None:
     if os.path.exists(path) and not os.path.isfile(path):  # both follow symlinks
         # ``/dev/stdout`` of a pipe resolves to "pipe:[N]", which no path names: open the
         # path given, not its real path
-        with open(path, "w") as f:  # a directory raises IsADirectoryError, naming it
-            f.write(text)
+        try:
+            with open(path, "w") as f:  # a directory raises IsADirectoryError, naming it
+                f.write(text)
+        except OSError as exc:  # a full device's ENOSPC named no file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         return
     path = Path(os.path.realpath(path))
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:  # name the file the user asked for, not the temporary one
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
+        why = f"cannot create a file beside it to replace it atomically ({exc.strerror})"
+        raise OSError(exc.errno, why, str(path)) from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

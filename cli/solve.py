@@ -8,12 +8,15 @@ from collections import Counter
 from itertools import groupby
 
 from cli.errors import reading
-from cli.options import MODES, add_deadline, non_negative_int
+from cli.options import MODES, add_deadline, bounded_int, output_path
 from cli.output import write_atomic
 from cli.profile_option import add_profile, load_profile, with_profile
 from solver.io import read_request
 from solver.planner import plan
 from solver.schema import Plan
+
+MAX_INDENT = 16
+"""Widest ``--indent``: pretty-printing, not padding."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,10 +30,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--mode", choices=MODES, default=None, help="override the request's mode")
     add_deadline(p)
     add_profile(p)
-    p.add_argument("--out", default=None, metavar="PLAN.json", help="write the plan here")
+    p.add_argument(
+        "--out", type=output_path, default=None, metavar="PLAN.json", help="write the plan here"
+    )
     p.add_argument(
         "--indent",
-        type=non_negative_int,
+        type=bounded_int(0, MAX_INDENT),
         default=None,
         metavar="N",
         help="pretty-print the plan JSON with N spaces (default: compact, as the service sends)",
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         request = request.model_copy(update={"deadline_ms": args.deadline_ms})
     result = plan(request, deadline_ms=args.deadline_ms)
     text = result.model_dump_json(indent=args.indent) + "\n"
-    if args.out:
+    if args.out is not None:
         write_atomic(args.out, text)
         print(summary(result))
     else:

@@ -38,6 +38,9 @@ from solver.profiles import (
 
 MAX_SAMPLES = 1_000_000
 """Largest batch a request may carry; bigger ones are rejected, not truncated."""
+MAX_DEADLINE_MS = 600_000
+"""Longest deadline a request may give (ten minutes): the CLI's ``--deadline-ms`` too."""
+
 JOB_ID_PATTERN = (
     r"^(?:[^\x00-\x1f\x7f/.\uFFFD]|\.[^\x00-\x1f\x7f/.\uFFFD]|\.\.[^\x00-\x1f\x7f/\uFFFD])"
     r"[^\x00-\x1f\x7f/\uFFFD]*$"
@@ -248,7 +251,7 @@ class PlanRequest(BaseModel):
     deadline_ms: StrictInt | None = Field(
         None,
         gt=0,
-        le=600_000,
+        le=MAX_DEADLINE_MS,
         description="Deadline of the answer: sets the deterministic work budget (full at the "
         "default 1000 ms and above, less below) and the wall-clock safety net.",
     )
