@@ -149,10 +149,12 @@ def _field_error(err: Mapping[str, Any]) -> FieldError:
     )
 
 
-def _validation_errors(exc: RequestValidationError) -> tuple[list[FieldError], int]:
+def _validation_errors(
+    exc: RequestValidationError, content_type: str = ""
+) -> tuple[list[FieldError], int]:
     """The listed errors and how many more there were."""
     errors = exc.errors()
-    listed = [_field_error(err) for err in _first_errors(errors)]
+    listed = [_field_error(_readable(err, content_type)) for err in _first_errors(errors)]
     return listed, len(errors) - len(listed)
 
 
@@ -162,9 +164,43 @@ def _detail(err: Mapping[str, Any]) -> str:
     return str(err.get("msg", "invalid"))
 
 
+def _readable(err: Mapping[str, Any], content_type: str) -> Mapping[str, Any]:
+    """FastAPI's errors about the body as a whole, reworded to say what is wrong: invalid JSON
+    was "JSON decode error" at ``body[17]`` (a character offset that reads like an index), and
+    a body not sent as JSON "Input should be a valid dictionary"."""
+    loc = tuple(err.get("loc", ()))
+    if err.get("type") == "json_invalid" and len(loc) == 2 and loc[0] == "body":
+        reason = (err.get("ctx") or {}).get("error", "")
+        msg = f"invalid JSON at character {loc[1]}" + (f": {reason}" if reason else "")
+        return {**err, "loc": ("body",), "msg": msg}
+    if loc == ("body",) and isinstance(err.get("input"), bytes | bytearray):
+        msg = "the body is read as JSON only with Content-Type application/json, got "
+        msg += repr(content_type)
+        return {**err, "msg": msg}
+    return err
+
+
+def _unreadable_body(request: Request, exc: StarletteHTTPException) -> str:
+    """Why FastAPI could not parse a body (its 400 says only "There was an error parsing the
+    body"); a Content-Encoding is named, since bodies are not decompressed."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        why = "the JSON is nested too deeply"
+    elif isinstance(cause, UnicodeDecodeError):
+        why = "the body is not UTF-8 text"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        why = "an integer has more digits than the parser reads (4300)"
+    else:
+        why = str(exc.detail)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        why += f" (Content-Encoding {encoding}: request bodies are not decompressed)"
+    return why
+
+
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors, omitted = _validation_errors(exc)
+    errors, omitted = _validation_errors(exc, request.headers.get("content-type", ""))
     where = ", ".join(
         f"unknown field {e.location}" if e.type == "extra_forbidden" else e.location
         for e in errors[:5]
@@ -242,11 +278,11 @@ async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     errors = None
+    detail = str(exc.detail)
     if exc.status_code == 400:  # FastAPI's answer to a body it cannot decode (e.g. not UTF-8)
-        errors = [FieldError(location="body", detail=str(exc.detail), type="body_unreadable")]
-    return problem_response(
-        request, exc.status_code, str(exc.detail), errors=errors, headers=exc.headers
-    )
+        detail = _unreadable_body(request, exc)
+        errors = [FieldError(location="body", detail=detail, type="body_unreadable")]
+    return problem_response(request, exc.status_code, detail, errors=errors, headers=exc.headers)
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

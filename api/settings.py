@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request body; larger ones get 413."
     )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest silence while a request body arrives; then 408 (api/body_timeout.py).",
+    )
     plan_cache_size: int = Field(
         1024, ge=0, description="Plans kept in memory for idempotent replays."
     )
