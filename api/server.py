@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import socket
+import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
@@ -51,8 +53,35 @@ def serve(settings: Settings) -> None:
     try:
         open_store(settings.database_url, db_timeouts(settings)).close()
     except DatabaseUnavailable as exc:
-        raise SystemExit(f"repack serve: error: {exc}") from None
-    uvicorn.Server(uvicorn_config(settings, own_logging=True)).run()
+        _refuse(str(exc))
+    listener = _bound(settings.host, settings.port)
+    uvicorn.Server(uvicorn_config(settings, own_logging=True)).run(sockets=[listener])
+
+
+def _refuse(message: str) -> NoReturn:
+    """One line and exit 2, like any command's bad input."""
+    print(f"repack serve: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """The listening address, bound before anything starts: uvicorn bound it after the app's
+    startup and logged a taken port among six other lines, exit 3 (2026-12-07 fuzz)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        _refuse(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        _refuse(f"cannot listen on {host}:{port}: {why}")
+    return listener
 
 
 class ServerThread:
