@@ -57,16 +57,36 @@ REQUEST_SUFFIXES = (".json", ".yaml", ".yml")
 """Files of a request directory that are read, in sorted name order; others are ignored."""
 
 
+MAX_BODY_MEDIAN = 2.0**31
+"""Largest median of the lognormal body, in tokens (its draws stay finite at ``body_sigma`` 5)."""
+MIN_TAIL_ALPHA, MAX_TAIL_ALPHA = 0.05, 20.0
+"""Pareto indices whose inverse CDF stays finite for every length range (1e-300 overflowed)."""
+
+
 class LengthDistribution(BaseModel):
     """Lognormal body + truncated Pareto tail, in tokens (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    body_median: float = Field(1800.0, gt=0, description="Median of the lognormal body.")
-    body_sigma: float = Field(1.0, ge=0, le=5, description="Std-dev of log(length) in the body.")
-    tail_prob: float = Field(0.001, ge=0, le=1, description="Share of samples from the tail.")
+    # Bounded so that no draw overflows (a median of 1e308 printed numpy's overflow warnings
+    # on stderr, 2026-12-07 fuzz): every length is clipped to max_length anyway.
+    body_median: float = Field(
+        1800.0, gt=0, le=MAX_BODY_MEDIAN, allow_inf_nan=False, description="Median of the body."
+    )
+    body_sigma: float = Field(
+        1.0, ge=0, le=5, allow_inf_nan=False, description="Std-dev of log(length) in the body."
+    )
+    tail_prob: float = Field(
+        0.001, ge=0, le=1, allow_inf_nan=False, description="Share of samples from the tail."
+    )
     tail_min: StrictInt = Field(32768, ge=1, description="Shortest tail sample (Pareto scale).")
-    tail_alpha: float = Field(1.0, gt=0, description="Pareto index; smaller = heavier tail.")
+    tail_alpha: float = Field(
+        1.0,
+        ge=MIN_TAIL_ALPHA,
+        le=MAX_TAIL_ALPHA,
+        allow_inf_nan=False,
+        description="Pareto index; smaller = heavier tail.",
+    )
     min_length: StrictInt = Field(64, ge=1, description="Every length is at least this.")
     max_length: StrictInt = Field(
         524288, ge=1, description="Every length is at most this (tail truncation point)."

@@ -143,3 +143,40 @@ def test_load_trace_names_the_bad_file_in_a_directory(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="no request files"):
         list(load_trace(empty))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("body_median", 1e308),
+        ("body_median", float("inf")),
+        ("body_sigma", float("nan")),
+        ("tail_alpha", 1e-300),
+        ("tail_alpha", 1e6),
+    ],
+)
+def test_length_parameters_that_overflow_a_draw_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValidationError, match=field):
+        LengthDistribution(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"body_median": 2.0**31, "body_sigma": 5.0},
+        {"body_median": 1e-9, "body_sigma": 5.0},
+        {"tail_alpha": 0.05, "tail_prob": 1.0, "tail_min": 1, "max_length": 2**31},
+        {"tail_alpha": 20.0, "tail_prob": 1.0, "tail_min": 1, "max_length": 2**31},
+        {"tail_alpha": 1.0, "tail_prob": 0.5, "tail_min": 7, "max_length": 7, "min_length": 1},
+    ],
+)
+def test_extreme_length_parameters_draw_without_floating_point_errors(
+    params: dict[str, float],
+) -> None:
+    """At the bounds every draw and the mean are finite (numpy raises instead of warning)."""
+    dist = LengthDistribution(**params)
+    with np.errstate(all="raise"):
+        lengths = dist.draw(np.random.default_rng(0), 10_000)
+        mean = dist.mean_length()
+    assert lengths.min() >= dist.min_length and lengths.max() <= dist.max_length
+    assert np.isfinite(mean) and mean > 0
