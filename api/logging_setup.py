@@ -41,6 +41,9 @@ def configure_logging(log_format: str, level: str) -> None:
     setattr(handler, _MARK, True)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Python warnings (numpy's overflow warnings of a refit, say) as log records: they were
+    # printed raw, several lines each, into the JSON log (2026-12-07 fuzz).
+    logging.captureWarnings(True)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per migration step
 
 

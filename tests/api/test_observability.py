@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -137,3 +139,22 @@ def test_plan_fields_match_a_full_parse(job_id: str) -> None:
     assert plan_fields(body) == {k: full[k] for k in ("job_id", "metrics", "plan_id", "status")}
     anonymous = canonical_json(plan(PlanRequest.model_validate({"lengths": [5, 7]}))).encode()
     assert "job_id" not in plan_fields(anonymous)
+
+
+def test_python_warnings_are_json_log_lines() -> None:
+    """A warning (numpy's overflow warnings of a refit, in the 2026-12-07 fuzz) is one JSON
+    line of the service's log, not raw text with its source line."""
+    code = (
+        "import warnings\n"
+        "from api.logging_setup import configure_logging\n"
+        "configure_logging('json', 'info')\n"
+        "warnings.warn('overflow encountered in square', RuntimeWarning)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    record = json.loads(lines[0])
+    assert record["logger"] == "py.warnings" and record["level"] == "WARNING"
+    assert "overflow encountered in square" in record["message"]
