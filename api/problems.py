@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from itertools import islice
@@ -189,7 +190,7 @@ def _unreadable_body(request: Request, exc: StarletteHTTPException) -> str:
     elif isinstance(cause, UnicodeDecodeError):
         why = "the body is not UTF-8 text"
     elif isinstance(cause, ValueError) and "digits" in str(cause):
-        why = "an integer has more digits than the parser reads (4300)"
+        why = f"an integer has more than {sys.get_int_max_str_digits()} digits"
     else:
         why = str(exc.detail)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
