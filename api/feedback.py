@@ -195,12 +195,21 @@ class MaybeRefit(StagedWork[JobProfileRow | None]):
     Through ``Database.call`` (the measurements route) it runs in three steps: read the inputs
     (one database call), fit on a refit thread (no database, no database timeout), store the
     version (another call). A refit whose version number another refit of this process has
-    stored meanwhile is not computed (it would lose at the store)."""
+    stored meanwhile is not computed (it would lose at the store).
+
+    Refits of one job take turns in a process (``_turns``): a burst of measurements otherwise
+    read the job's window of plans once per post, all at once, and on a busy machine (two
+    cores taken by other work, or CI's other test process) one read queued past the database
+    timeout put the service in outage mode, so 5-12 of 30 posts answered 503. Taking turns,
+    a later refit finds the earlier one's version and is no longer due (a light read)."""
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
         self._stored: LRUCache[tuple[str, int, str], int] = LRUCache(STORED_MEMO)
         """The newest version this process stored, by database (URL and generation) and job."""
+        self._turns: dict[tuple[int, tuple[str, int, str]], tuple[asyncio.Lock, int]] = {}
+        """Per event loop and job: the lock refits wait on and how many hold or wait for it
+        (the entry goes when none does)."""
 
     def __call__(
         self, profiles: ProfileStore, plans: PlanStore, job_id: str
@@ -215,6 +224,23 @@ class MaybeRefit(StagedWork[JobProfileRow | None]):
         self, db: Database, profiles: ProfileStore, plans: PlanStore, job_id: str
     ) -> JobProfileRow | None:
         memo = (plans.url, plans.generation, job_id)
+        key = (id(asyncio.get_running_loop()), memo)  # a lock belongs to one event loop
+        lock, users = self._turns.get(key, (asyncio.Lock(), 0))
+        self._turns[key] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._refit(db, profiles, plans, memo)
+        finally:
+            lock, users = self._turns[key]
+            if users == 1:
+                del self._turns[key]
+            else:
+                self._turns[key] = (lock, users - 1)
+
+    async def _refit(
+        self, db: Database, profiles: ProfileStore, plans: PlanStore, memo: tuple[str, int, str]
+    ) -> JobProfileRow | None:
+        job_id = memo[2]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(FIT_THREADS, thread_name_prefix="refit")
         loop = asyncio.get_running_loop()
