@@ -41,15 +41,18 @@ MAX_SAMPLES = 1_000_000
 MAX_DEADLINE_MS = 600_000
 """Longest deadline a request may give (ten minutes): the CLI's ``--deadline-ms`` too."""
 
+_NOT_IN_JOB_ID = r"\x00-\x1f\x7f-\x9f/\u200B-\u200F\u2028-\u202E\u2060-\u206F\uFEFF\uFFFD"
 JOB_ID_PATTERN = (
-    r"^(?:[^\x00-\x1f\x7f/.\uFFFD]|\.[^\x00-\x1f\x7f/.\uFFFD]|\.\.[^\x00-\x1f\x7f/\uFFFD])"
-    r"[^\x00-\x1f\x7f/\uFFFD]*$"
+    rf"^(?:[^{_NOT_IN_JOB_ID}.]|\.[^{_NOT_IN_JOB_ID}.]|\.\.[^{_NOT_IN_JOB_ID}])"
+    rf"[^{_NOT_IN_JOB_ID}]*$"
 )
 """A job id is a path segment and a database string: no control characters (NUL included),
 no ``/``, and not ``.`` or ``..``, which a browser resolves away in a path (even percent-encoded),
 so such a job's pages could not be reached; and no U+FFFD, which is what undecodable bytes in
-a URL become (``%ff%fe`` named the same job as ``%fe%ff``). Written without lookahead, which
-pydantic's regex engine lacks."""
+a URL become (``%ff%fe`` named the same job as ``%fe%ff``); nor C1 controls or invisible
+format characters (zero-width spaces, bidirectional overrides such as U+202E, a BOM), with
+which two ids that read the same on the dashboard are different jobs. Written without
+lookahead, which pydantic's regex engine lacks."""
 
 CHILD_SIZES = (1, 2, 4, 8)
 """Sizes a node-local child may have (docs/design.md section 3, rule 2)."""

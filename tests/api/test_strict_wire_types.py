@@ -118,7 +118,33 @@ def test_integers_in_a_query_are_decimal(
     _assert_422(sqlite_client.get(url), location)
 
 
-@pytest.mark.parametrize("job", ["%ff%fe", "%ED%A0%80", "a%C3", "%EF%BF%BD"])
+@pytest.mark.parametrize(
+    "job",
+    [
+        "%ff%fe",
+        "%ED%A0%80",
+        "a%C3",
+        "%EF%BF%BD",
+        "a%E2%80%AEb",  # U+202E, right-to-left override
+        "a%E2%80%8Bb",  # U+200B, zero-width space
+        "%EF%BB%BFa",  # U+FEFF, a BOM
+        "a%C2%85b",  # U+0085, a C1 control
+    ],
+)
 def test_a_job_id_in_a_path_is_text(sqlite_client: httpx.Client, job: str) -> None:
     _assert_422(sqlite_client.get(f"/v1/jobs/{job}/feedback"), "path.job_id")
     _assert_422(sqlite_client.get(f"/v1/jobs/{job}/steps"), "path.job_id")
+
+
+@pytest.mark.parametrize("job", ["a\u202eb", "a\u200bb", "\ufeffjob", "a\u0085b", "a\u2028b"])
+def test_a_job_id_has_no_invisible_characters(sqlite_client: httpx.Client, job: str) -> None:
+    """Two ids that read the same on the dashboard would be two jobs (2026-12-07 fuzz)."""
+    r = sqlite_client.post("/v1/plans", json={"job_id": job, "step": 0, "lengths": [1000]})
+    _assert_422(r, "body.job_id")
+
+
+def test_a_job_id_may_be_any_visible_text(sqlite_client: httpx.Client) -> None:
+    r = sqlite_client.post(
+        "/v1/plans", json={"job_id": "日本語-jöb.1", "step": 0, "lengths": [1000]}
+    )
+    assert r.status_code == 200, r.text
