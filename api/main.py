@@ -18,6 +18,7 @@ from api.auth import Authenticator, load_tokens
 from api.body_limit import BodyLimitMiddleware
 from api.body_timeout import BodyTimeoutMiddleware
 from api.database import Database, open_store
+from api.head_requests import HeadAsGetMiddleware
 from api.metrics import LatencyMiddleware, ServiceMetrics
 from api.plan_service import PlanService, WorkLimits
 from api.problems import install_problem_handlers
@@ -105,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     install_problem_handlers(app)
+    app.add_middleware(HeadAsGetMiddleware)  # innermost: see api/head_requests.py
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=settings.body_timeout_s)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
