@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 def write_atomic(path: str | Path, text: str) -> None:
@@ -16,7 +19,8 @@ def write_atomic(path: str | Path, text: str) -> None:
     disk, then renamed over ``path``; on any error the temporary file is removed. A symlink is
     followed (its target gets the text, the link stays), an existing file keeps its mode and a
     new one gets the umask's, and a path that is not a regular file (a FIFO, ``/dev/stdout``)
-    is written in place: renaming over it would replace it, not feed it.
+    is written in place: renaming over it would replace it, not feed it. A write-protected
+    file (no write bit at all, 0444) is refused, left as it was.
     """
     if os.path.exists(path) and not os.path.isfile(path):  # both follow symlinks
         # ``/dev/stdout`` of a pipe resolves to "pipe:[N]", which no path names: open the
@@ -29,6 +33,10 @@ def write_atomic(path: str | Path, text: str) -> None:
         return
     path = Path(os.path.realpath(path))
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+    if path.exists() and not mode & WRITE_BITS:
+        # Renaming over a file needs only its directory's permission, so a plan someone made
+        # read-only would be replaced where `>` would fail: refuse it, as root too.
+        raise PermissionError(errno.EACCES, "write-protected file, not replaced", str(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:  # name the file the user asked for, not the temporary one

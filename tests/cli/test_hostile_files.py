@@ -75,6 +75,22 @@ def test_out_keeps_the_file_mode_or_follows_the_umask(repack: Repack, tmp_path: 
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640
 
 
+def test_out_onto_a_write_protected_file_is_refused(repack: Repack, tmp_path: Path) -> None:
+    """A plan made read-only (0444) is one someone meant to keep: the rename used to replace
+    it (renaming needs only the directory's permission), now it is a one-line error that
+    leaves it as it was. A file only its owner may write is still replaced."""
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    kept.chmod(0o444)
+    proc = repack("solve", EXAMPLE_REQUEST, "--out", kept)
+    assert_one_line_error(proc, str(kept), "write-protected")
+    assert kept.read_text() == "old" and stat.S_IMODE(kept.stat().st_mode) == 0o444
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.json"]  # no temporary file left
+    kept.chmod(0o600)
+    assert repack("solve", EXAMPLE_REQUEST, "--out", kept).returncode == 0
+    assert '"parents"' in kept.read_text()
+
+
 def test_out_to_a_directory_is_one_line_error(repack: Repack, tmp_path: Path) -> None:
     assert_one_line_error(repack("solve", EXAMPLE_REQUEST, "--out", tmp_path), str(tmp_path))
 

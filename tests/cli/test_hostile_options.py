@@ -45,9 +45,12 @@ def test_a_full_device_is_named(repack: Repack) -> None:
 
 
 def test_a_file_in_a_directory_that_takes_no_new_files_is_named(repack: Repack) -> None:
-    """``/proc/version`` exists, but nothing can be created beside it: the error says so
-    instead of 'No such file or directory'."""
-    if not os.path.isfile("/proc/version"):
-        pytest.skip("no /proc/version")
+    """``/proc/self/comm`` exists and may be written, but nothing can be created beside it:
+    the error says so instead of 'No such file or directory'. (``/proc/version``, read-only,
+    is refused before that as write-protected.)"""
+    if not os.path.isfile("/proc/self/comm") or not os.path.isfile("/proc/version"):
+        pytest.skip("no /proc")
+    proc = repack("solve", EXAMPLE_REQUEST, "--out", "/proc/self/comm")
+    assert_one_line_error(proc, "/comm", "beside")
     proc = repack("solve", EXAMPLE_REQUEST, "--out", "/proc/version")
-    assert_one_line_error(proc, "/proc/version", "beside")
+    assert_one_line_error(proc, "/proc/version", "write-protected")
