@@ -278,15 +278,27 @@ class SampleCosts:
 def full_layer_seconds(cost: CostModel, size: int, full_s: float, max_tokens: int) -> float:
     """One full layer of a parent: attention spread over P, the busiest rank's linear work and
     its to_full + to_child all-to-all."""
-    return full_s / size + max_tokens * cost.token_seconds(size) + cost.layer_fixed_seconds(size)
+    fixed, per_token = cost._tables
+    return (
+        full_s / size
+        + max_tokens * (per_token[size] if size in per_token else cost._token_formula(size))
+        + (fixed[size] if size in fixed else cost._fixed_formula(size))
+    )
 
 
 def child_layer_seconds(cost: CostModel, size: int, sparse_s: float, tokens: int) -> float:
-    """One sparse layer of a child of ``size`` ranks holding ``tokens`` tokens."""
+    """One sparse layer of a child of ``size`` ranks holding ``tokens`` tokens. The node stage
+    and the child searches call this (and ``full_layer_seconds``) millions of times per
+    request: the tables are read inline, the same float operations as ``token_seconds`` and
+    ``layer_fixed_seconds``, so the same bits."""
     if tokens == 0:
         return 0.0
-    per_token = cost.token_seconds(size)
-    return sparse_s / size + ceil_div(tokens, size) * per_token + cost.layer_fixed_seconds(size)
+    fixed, per_token = cost._tables
+    return (
+        sparse_s / size
+        + -(-tokens // size) * (per_token[size] if size in per_token else cost._token_formula(size))
+        + (fixed[size] if size in fixed else cost._fixed_formula(size))
+    )
 
 
 def parent_seconds(
@@ -296,8 +308,10 @@ def parent_seconds(
     children: Sequence[tuple[int, float, int]],
 ) -> float:
     """Step time of one parent; ``children`` are ``(size, sparse_s, tokens)`` triples."""
-    max_tokens = max((ceil_div(t, k) for k, _, t in children), default=0)
-    sparse = max((child_layer_seconds(cost, k, s, t) for k, s, t in children), default=0.0)
+    max_tokens, sparse = 0, 0.0
+    for k, s, t in children:
+        max_tokens = max(max_tokens, -(-t // k))
+        sparse = max(sparse, child_layer_seconds(cost, k, s, t))
     return (
         cost.full_layers * full_layer_seconds(cost, size, full_s, max_tokens)
         + cost.sparse_layers * sparse
@@ -307,8 +321,11 @@ def parent_seconds(
 def unrepacked_parent_seconds(
     cost: CostModel, size: int, full_s: float, sparse_s: float, tokens: int
 ) -> float:
-    """The baseline layout of a parent: one child equal to the whole parent."""
-    return parent_seconds(cost, size, full_s, [(size, sparse_s, tokens)])
+    """The baseline layout of a parent: one child equal to the whole parent (``parent_seconds``
+    of that one child)."""
+    return cost.full_layers * full_layer_seconds(
+        cost, size, full_s, -(-tokens // size)
+    ) + cost.sparse_layers * child_layer_seconds(cost, size, sparse_s, tokens)
 
 
 def inter_node_bytes(cost: CostModel, group: int, rank_tokens: Sequence[int]) -> float:
