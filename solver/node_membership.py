@@ -21,9 +21,11 @@ The planner uses the result as one more candidate membership (and layout) of ``r
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TypeVar
 
 from solver.budget import Budget
 from solver.cost_model import (
@@ -36,6 +38,8 @@ from solver.layout import Child, Parent, parent_starts, parent_time, unrepacked
 from solver.node_packing import children_of_segment
 from solver.problem import Problem
 from solver.receiver_floors import EditRow, ReceiverTerms
+
+_Num = TypeVar("_Num", int, float)
 
 MOVE_WORK = 12_000
 """Deterministic work limit of the move phase for a request of up to ``WORK_PAIRS`` (sample x
@@ -160,6 +164,13 @@ class _Bin:
     sums: list[tuple[float, int, float]] = field(default_factory=list)
     """Per child of ``sums_of``: sparse seconds, tokens and sparse-layer time (for edits)."""
     sums_of: object = None
+    child_of: dict[int, int] = field(default_factory=dict)
+    """Per sample of ``sums_of``: the index of its child."""
+    z_top: tuple[tuple[float, int], float] = ((0.0, -1), 0.0)
+    """Of ``sums``: the slowest child's (sparse-layer time, index) and the second slowest
+    time (``-inf`` for one child): an edit of one child reads the others' maximum here."""
+    m_top: tuple[tuple[int, int], int] = ((0, -1), 0)
+    """The same for the busiest rank's tokens of each child."""
     edit_row: EditRow | None = None
     """``NodeSeed._edit_row`` for ``edit_of`` (the packed children it was taken from)."""
     edit_of: object = None
@@ -223,6 +234,8 @@ class NodeSeed:
         p = self.p
         if sign > 0:
             b.samples.append(s)
+        elif b.samples[-1] == s:  # a trial's sample, taken back out: no scan
+            b.samples.pop()
         else:
             b.samples.remove(s)
         b.tokens += sign * p.tokens[s]
@@ -386,16 +399,17 @@ class NodeSeed:
             return None
         p, cost = self.p, self.p.cost
         self.work += EDIT_WORK * (1 + len(packed[0]))
-        kids, sums = list(packed[0]), list(self._child_sums(b))
+        kids, sums = list(packed[0]), self._child_sums(b)
         if sign < 0:
-            i = next(i for i, c in enumerate(kids) if s in c.samples)
+            i = b.child_of[s]
             samples = tuple(u for u in kids[i].samples if u != s)
         else:
             best: tuple[float, int] | None = None
+            tokens, sparse = p.tokens[s], p.sparse_s[s]
             for i, (c, (sp, tok, _)) in enumerate(zip(kids, sums, strict=True)):
-                if tok + p.tokens[s] > p.capacity(c.size):
+                if tok + tokens > p.capacity(c.size):
                     continue
-                t = child_layer_seconds(cost, c.size, sp + p.sparse_s[s], tok + p.tokens[s])
+                t = child_layer_seconds(cost, c.size, sp + sparse, tok + tokens)
                 if best is None or t < best[0]:
                     best = (t, i)
             if best is None:
@@ -403,10 +417,14 @@ class NodeSeed:
             i = best[1]
             samples = (*kids[i].samples, s)
         sp, tok = sums[i][0] + sign * p.sparse_s[s], sums[i][1] + sign * p.tokens[s]
-        kids[i] = Child(kids[i].start, kids[i].size, samples)
-        sums[i] = (sp, tok, child_layer_seconds(cost, kids[i].size, sp, tok))
-        z = max(t for _, _, t in sums)
-        m = max(ceil_div(tok, c.size) for c, (_, tok, _) in zip(kids, sums, strict=True))
+        size = kids[i].size
+        kids[i] = Child(kids[i].start, size, samples)
+        # The other children's maxima (``z_top``, ``m_top``) with the edited child's: the same
+        # values as the maxima over every child, without a pass over them.
+        (z_first, z_at), z_second = b.z_top
+        (m_first, m_at), m_second = b.m_top
+        z = max(child_layer_seconds(cost, size, sp, tok), z_second if z_at == i else z_first)
+        m = max(-(-tok // size), m_second if m_at == i else m_first)
         return kids, z, m
 
     def _time(self, j: int) -> tuple[float, bool]:
@@ -570,9 +588,15 @@ class NodeSeed:
             p, cost = self.p, self.p.cost
             b.sums_of = packed
             b.sums = []
-            for c in packed[0]:
+            b.child_of = {}
+            for i, c in enumerate(packed[0]):
                 sp, tok = sum(p.sparse_s[u] for u in c.samples), sum(p.tokens[u] for u in c.samples)
                 b.sums.append((sp, tok, child_layer_seconds(cost, c.size, sp, tok)))
+                b.child_of.update((u, i) for u in c.samples)
+            b.z_top = _top_two([t for _, _, t in b.sums], -math.inf)
+            b.m_top = _top_two(
+                [-(-tok // c.size) for c, (_, tok, _) in zip(packed[0], b.sums, strict=True)], -1
+            )
         return b.sums
 
     def _move_sample(
@@ -922,3 +946,11 @@ WHOLE = -1
 
 _Entry = tuple[float, int, int, int, int]
 """A heap entry of ``_LightestBins``: load, first rank, parent, bin, parent's version."""
+
+
+def _top_two(values: list[_Num], none: _Num) -> tuple[tuple[_Num, int], _Num]:
+    """The largest value with its first index, and the largest of the others (``none`` when
+    there are none)."""
+    first = max(range(len(values)), key=values.__getitem__)
+    rest = [v for k, v in enumerate(values) if k != first]
+    return (values[first], first), max(rest, default=none)
