@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from solver.budget import Budget
 from solver.cost_model import ceil_div, child_layer_seconds
+from solver.critical import first_max
 from solver.layout import Child, Layout, Parent
 from solver.node_membership import TIGHT_FILL
 from solver.problem import Problem
@@ -256,7 +257,7 @@ class _Swaps:
         """The first improving swap out of the critical parent; False when none is found
         within ``limit`` tries."""
         p = self.p
-        c = max(range(len(self.times)), key=lambda j: (self.times[j], -j))
+        c = first_max(self.times)
         target = self.times[c] * (1 - IMPROVEMENT)
         kids = self.pars[c].kids
         secs = self.cache[c][0]
@@ -380,8 +381,8 @@ class _Swaps:
         p, kids = self.p, self.pars[c].kids
         secs, busy = self.cache[c][0], self.cache[c][1]
         now = self.times[c]
-        slowest = max(range(len(kids)), key=lambda i: (secs[i], -i))
-        busiest = max(range(len(kids)), key=lambda i: (busy[i], -i))
+        slowest = first_max(secs)
+        busiest = first_max(busy)
         receivers = sorted(range(len(kids)), key=lambda i: (secs[i], i))
         for ci in dict.fromkeys((slowest, busiest)):
             for a in self._ordered(c, ci):

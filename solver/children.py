@@ -17,6 +17,7 @@ from solver.bounds import parent_bound, unrepacked_seconds
 from solver.budget import Budget
 from solver.child_cpsat import DETERMINISTIC_SECONDS, ChildModel, slot_count
 from solver.child_packer import ChildPacker
+from solver.critical import first_max
 from solver.layout import (
     Layout,
     LayoutEval,
@@ -129,7 +130,7 @@ def polish(problem: Problem, solution: ChildrenSolution, budget: Budget) -> Chil
     times = list(solution.evaluation.parent_s)
     solved = False
     for _ in range(POLISH_ROUNDS):
-        c = max(range(len(parents)), key=lambda j: (times[j], -j))
+        c = first_max(times)
         settled = bounds[c] >= times[c] * (1 - POLISH_MIN_GAP)
         short = budget.cpsat_seconds(DETERMINISTIC_SECONDS) < MIN_POLISH_SECONDS
         if settled or short or not budget.use_cpsat or budget.expired():

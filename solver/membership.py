@@ -23,6 +23,7 @@ import numpy as np
 
 from solver.bin_completion import complete_bins, too_many_samples
 from solver.budget import Budget
+from solver.critical import first_max
 from solver.errors import InfeasibleRequestError
 from solver.exact_fill import fill_bins, first_fit_decreasing
 from solver.node_packing import segments_fit, unplaced_tokens
@@ -239,7 +240,7 @@ class _Balancer:
                 self.evals += len(self.loads) - len(changed)
                 for j in changed:
                     costs[j] = self.cost(j)
-            c = max(range(len(costs)), key=lambda j: (costs[j], -j))
+            c = first_max(costs)
             changed = self._improve_critical(c, costs, budget)
             if changed is None:
                 return

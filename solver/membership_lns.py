@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from solver.budget import Budget
 from solver.cost_model import child_layer_seconds, parent_seconds
+from solver.critical import first_max
 from solver.joint_model import JointModel, Neighbourhood, freed_samples, node_of, unsplit
 from solver.layout import Child, Layout, LayoutEval, Parent, evaluate
 from solver.node_membership import TIGHT_FILL
@@ -258,7 +259,7 @@ def _neighbourhoods(
 ) -> Iterator[Neighbourhood]:
     """The incumbent's neighbourhoods, most promising first (see the module docstring)."""
     times = evaluation.parent_s
-    crit = max(range(len(layout)), key=lambda j: (times[j], -j))
+    crit = first_max(times)
     slack = sorted((j for j in range(len(layout)) if j != crit), key=lambda j: (times[j], j))
     slack = slack[:SLACK_PARENTS]
     parents = sorted({crit, *slack})

@@ -34,6 +34,7 @@ from solver.cost_model import (
     full_layer_seconds,
     unrepacked_parent_seconds,
 )
+from solver.critical import first_max
 from solver.layout import Child, Parent, parent_starts, parent_time, unrepacked
 from solver.node_packing import children_of_segment
 from solver.problem import Problem
@@ -493,7 +494,7 @@ class NodeSeed:
         """The first improving move of one sample out of the critical parent: a sample whose
         removal alone does not bring that parent under the step is skipped outright."""
         p = self.p
-        c = max(range(len(self.times)), key=lambda j: (self.times[j], -j))
+        c = first_max(self.times)
         target = self.times[c] * (1 - 1e-9)
         sources = sorted(self.bins[c], key=lambda b: (-b.work / b.ranks, b.start))
         receivers = sorted(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from solver.budget import Budget
 from solver.cost_model import child_layer_seconds
+from solver.critical import first_max
 from solver.layout import Child, Layout, Parent, parent_time
 from solver.node_membership import small_request
 from solver.node_packing import children_of_segment
@@ -153,7 +154,7 @@ def repack_moves(problem: Problem, layout: Layout, budget: Budget) -> Layout:
     changed = False
     while tries[0] < limit and not budget.expired():
         times = [parent_time(par, problem.cost, problem.costs) for par in out]
-        j = max(range(len(out)), key=lambda i: (times[i], -i))
+        j = first_max(times)
         parent = out[j]
         if not parent.repacked or parent.size <= problem.cost.gpus_per_node:
             break
