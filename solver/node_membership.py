@@ -8,7 +8,8 @@ parent as a whole:
 1. LPT: samples by decreasing work, each to the bin whose per-rank work stays lowest among those
    with memory for it; a sample longer than any node's memory makes the parent that holds it
    and is least loaded with it *whole* (unrepacked), and that parent then takes samples as one
-   bin;
+   bin (where that made a second parent whole although a whole one had room, the stage also
+   runs with such samples kept in the whole parents, ``NodeSeed.few_whole``);
 2. every bin gets its fastest uniform child size (``node_packing``), every parent the faster
    of that and its unrepacked layout, evaluated exactly under the cost model;
 3. greedy moves out of the critical parent: its busiest bin's heaviest samples to the least
@@ -225,6 +226,11 @@ class NodeSeed:
         ended better but ``repack+parent``'s search from it worse (-4.27% -> -4.19%)."""
         self.exact = False
         """The move phase re-packs both bins of a trial instead of editing their children."""
+        self.few_whole = False
+        """LPT puts a sample longer than a node into a parent that is whole already where one
+        has room, instead of the least loaded parent that holds it (``FEW_WHOLE``)."""
+        self.split_whole = False
+        """LPT made a parent whole for such a sample although a whole one had room for it."""
         self.full_weight = 0 if by_work else cost.full_layers
         self.work_weight = 1 if by_work else cost.sparse_layers
         """LPT's weights of full attention and of a sample's sparse-layer work: ``by_work``
@@ -318,7 +324,11 @@ class NodeSeed:
             ]
             if not holders:
                 return False
+            already = [j for j in holders if self.whole[j]]
+            if self.few_whole and already:
+                holders = already
             j = min(holders, key=lambda j: (self._parent_load(j, s), j))
+            self.split_whole |= bool(already) and not self.whole[j]
             self.whole[j] = True
             self._widest = None
             lightest.went_whole(j)
@@ -794,8 +804,12 @@ def node_seeds(
     limit = MIXED_TWO_RULE_PAIRS if len(set(sizes)) > 1 else TWO_RULE_PAIRS
     medium = not small_request(problem, sizes) and _pairs(problem, sizes) <= limit
     share = TWO_RULE_SHARE if medium and fixed is None else 1.0
-    first = _seeded(problem, sizes, clock, repack, fixed, by_work=False, share=share)
-    found = [] if first is None else [first]
+    run = _seed_run(problem, sizes, clock, repack, fixed, by_work=False, share=share)
+    found = [] if run is None else [_result(run)]
+    if run is not None and run.split_whole and not (clock is not None and clock.expired()):
+        other = _seeded(problem, sizes, clock, repack, fixed, False, share=share, few_whole=True)
+        if other is not None:
+            found.append(other)
     if medium and not (clock is not None and clock.expired()):
         other = _seeded(problem, sizes, clock, repack, fixed, by_work=True, share=share)
         if other is not None:
@@ -827,8 +841,31 @@ def _seeded(
     by_work: bool,
     exact_first: bool = False,
     share: float = 1.0,
+    few_whole: bool = False,
 ) -> tuple[list[list[int]], tuple[Parent, ...]] | None:
+    run = _seed_run(problem, sizes, clock, repack, fixed, by_work, exact_first, share, few_whole)
+    return None if run is None else _result(run)
+
+
+def _result(seed: NodeSeed) -> tuple[list[list[int]], tuple[Parent, ...]]:
+    return seed.members(), tuple(seed.layout(j) for j in range(len(seed.sizes)))
+
+
+def _seed_run(
+    problem: Problem,
+    sizes: Sequence[int],
+    clock: Budget | None,
+    repack: bool,
+    fixed: Sequence[Sequence[int]] | None,
+    by_work: bool,
+    exact_first: bool = False,
+    share: float = 1.0,
+    few_whole: bool = False,
+) -> NodeSeed | None:
+    """The stage run once: LPT by one rule, then the moves; None where LPT runs out of memory
+    or the request is too large for it."""
     seed = NodeSeed(problem, sizes, repack, by_work)
+    seed.few_whole = few_whole
     pairs = problem.num_samples * sum(len(bins) for bins in seed.bins)
     if pairs > _max_pairs(problem, repack):
         return None
@@ -843,8 +880,7 @@ def _seeded(
     if not seed.place(fixed):
         return None
     seed.improve(clock)
-    layout = tuple(seed.layout(j) for j in range(len(sizes)))
-    return seed.members(), layout
+    return seed
 
 
 class _LightestBins:

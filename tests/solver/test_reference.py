@@ -360,6 +360,14 @@ HUNTED = [
     # node re-packing moves do that, but only ran up to 2,000 sample x node-bin pairs (this
     # step has 2,496); they now run on every request of up to 32 ranks.
     ("hunt-8x4-four-parents-8-9001015.json", ("repack",)),  # +0.201%
+    # 32 GPUs of 2-GPU nodes, four 8-rank parents at 89.5% (FS, 16 heads), 271 samples, three
+    # of them longer than a node's 65,536 tokens (2026-12-07 night, --family
+    # four-parents-8-16x2, seed 5300032; 1 of 34): the node stage's LPT made a second parent
+    # whole for the second such sample (the least loaded parent that holds it), and no move
+    # makes a parent split again: 4,304.1 ms against the reference's 4,158.0, which keeps
+    # them in one whole parent. The stage now also runs from the LPT that puts such a sample
+    # into a whole parent with room (``NodeSeed.few_whole``): 4,081.2 ms (the bound 4,076.9).
+    ("hunt-16x2-four-parents-8-5300032.json", ("repack+parent",)),  # +3.514%
 ]
 
 
