@@ -396,6 +396,14 @@ OPEN: list[tuple[str, tuple[str, ...]]] = [
     # 17,241.8 / 17,247.3 / 17,247.3 ms, so more of the same work does not reach it; the
     # reference takes 9.4 s of CPU here against the planner's 82 ms.
     ("hunt-6x8-parents-32-16-no-parent-of-1019.json", ("repack",)),  # +0.13%
+    # 32 GPUs of 8-GPU nodes, four 8-rank parents (one node each), 32 unpacked samples at 30%
+    # (2026-12-07 afternoon: the property test's own strategy from hypothesis seed 11, 1 of
+    # 2,400 examples over seeds 11-16): `repack+parent` and `repack+sizing` 2,158.7 ms against
+    # the reference's 2,156.0 (+0.125%). The parents end level within 1.6 ms; the reference's
+    # moves end with two parents as two children of 4, every node-stage seed with one. A
+    # whole-problem joint-model move reaches it at 0.1 deterministic seconds, at 2.7x the
+    # 16-GPU bench's CPU (docs/solver.md, the reference heuristic), so not taken.
+    ("hunt-4x8-unpacked-32-seed11.json", ("repack+parent", "repack+sizing")),  # +0.125%
 ]
 
 
