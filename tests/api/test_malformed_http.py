@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
+from api.http_protocol import ProblemH11Protocol
 from api.main import create_app
-from api.malformed_http import ProblemH11Protocol
 from api.problems import PROBLEM_MEDIA_TYPE
 from tests.api.conftest import ServerFactory, make_settings
 
