@@ -7,6 +7,10 @@ what it rejects before the app sees a request.
   the same 400 is a problem (``api/problems.py``).
 * httptools buffers a request head of any size (one 300 MB header took the service from 167
   to 464 MB of memory, without a body): a head over ``MAX_HEAD_BYTES`` is a 431 problem.
+* uvicorn has no timeout for a head that never ends: a connection that sent nothing, or a byte
+  of a header every second, was held for good (a few hundred such clients take every file
+  descriptor). A head not complete ``head_timeout_s`` after the connection opened (or after
+  its first byte, on a kept-alive connection) is a 408 problem (``http_protocol``).
 
 Both close the connection. The parsing itself stays uvicorn's.
 """
@@ -70,22 +74,56 @@ class ProblemH11Protocol(H11Protocol):
         self.transport.close()
 
 
+DEFAULT_HEAD_TIMEOUT_S = 30.0
+"""``Settings.head_timeout_s``'s default (``REPACK_HEAD_TIMEOUT_S``)."""
+
+
 class ProblemHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (what its ``auto`` setting picks; httptools is a dependency
-    of this project), with the head bounded and problems for what it rejects."""
+    of this project), with the head bounded in bytes and time, and problems for what it
+    rejects. ``http_protocol`` sets the time."""
+
+    head_timeout_s = DEFAULT_HEAD_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._in_head = True  # the first bytes of a connection are a head
         self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
         super().connection_made(transport)
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         self._in_head = True
+        if self._head_timer is None:  # a kept-alive connection's next request
+            self._start_head_timer()
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_bytes = False, 0
+        self._stop_head_timer()
         super().on_headers_complete()
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        detail = f"the request head did not arrive within {self.head_timeout_s:g} s"
+        self.transport.write(
+            _response(self.server_state.default_headers, 408, "request-timeout", detail)
+        )
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         # Fed first: a read that ends the head (and may carry the body's start) is the
@@ -104,3 +142,10 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         self.transport.write(_malformed(self.server_state.default_headers, msg))
         self.transport.close()
+
+
+def http_protocol(head_timeout_s: float) -> type[ProblemHttpToolsProtocol]:
+    """The protocol class for uvicorn's ``http`` setting, with the service's head timeout."""
+    return type(
+        "ProblemHttpToolsProtocol", (ProblemHttpToolsProtocol,), {"head_timeout_s": head_timeout_s}
+    )

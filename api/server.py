@@ -14,7 +14,7 @@ import uvicorn
 from api.auth import load_tokens
 from api.database import open_store
 from api.errors import DatabaseUnavailable
-from api.http_protocol import ProblemHttpToolsProtocol
+from api.http_protocol import http_protocol
 from api.logging_setup import configure_logging
 from api.main import create_app
 from api.settings import Settings, db_timeouts
@@ -40,7 +40,7 @@ def uvicorn_config(settings: Settings, *, own_logging: bool = False) -> uvicorn.
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # the per-plan line (api/plan_log.py) says more at a fraction of it
-        http=ProblemHttpToolsProtocol,  # unparsable requests: a problem too (http_protocol.py)
+        http=http_protocol(settings.head_timeout_s),  # bounded heads, problems (http_protocol.py)
         **extra,
     )
 

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.hosts import is_loopback
+from api.http_protocol import DEFAULT_HEAD_TIMEOUT_S
 from api.storage import DbTimeouts
 
 DEFAULT_DATA_DIR = Path("repack-data")
@@ -58,6 +59,13 @@ class Settings(BaseSettings):
         gt=0,
         le=3600,
         description="Longest silence while a request body arrives; then 408 (api/body_timeout.py).",
+    )
+    head_timeout_s: float = Field(
+        DEFAULT_HEAD_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="Longest time a request head (request line and headers) may take from the "
+        "connection (or its first byte); then 408 (api/http_protocol.py).",
     )
     plan_cache_size: int = Field(
         1024, ge=0, description="Plans kept in memory for idempotent replays."
