@@ -3,8 +3,8 @@
 uvicorn waits for a declared body forever, so a client that sends its headers and two of 100
 promised bytes held a connection (and its request's memory) for good (2026-12-07 fuzz). The
 limit is on silence between chunks, not on the whole body, so a slow but steady upload gets
-in. Headers that never finish are uvicorn's to time out, which it does not: expose the service
-to untrusted clients behind nginx (``deploy/nginx``: ``client_header_timeout``).
+in. A head that never finishes is timed out by the server's protocol (``api/http_protocol.py``,
+``REPACK_HEAD_TIMEOUT_S``), before this middleware sees the request.
 """
 
 from __future__ import annotations
