@@ -6,11 +6,9 @@ received.``, over a real socket to a real uvicorn."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
@@ -19,6 +17,7 @@ from api.http_protocol import ProblemH11Protocol
 from api.main import create_app
 from api.problems import PROBLEM_MEDIA_TYPE
 from tests.api.conftest import ServerFactory, make_settings
+from tests.api.raw_http import exchange
 
 MALFORMED = {
     "garbage request line": b"GARBAGE\r\n\r\n",
@@ -34,27 +33,12 @@ MALFORMED = {
 }
 
 
-def _exchange(url: str, raw: bytes) -> tuple[str, dict[str, str], bytes]:
-    """Send ``raw`` as is; the status line, headers (lower-case names) and body returned."""
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
-        s.sendall(raw)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-    return status, headers, body
-
-
 @pytest.mark.parametrize("raw", list(MALFORMED.values()), ids=list(MALFORMED))
 def test_malformed_http_is_a_400_problem(
     raw: bytes, tmp_path: Path, start_server: ServerFactory
 ) -> None:
     server = start_server(f"sqlite:///{tmp_path / 'plans.db'}")
-    status, headers, body = _exchange(server.url, raw)
+    status, headers, body = exchange(server.url, raw)
     assert status.startswith("HTTP/1.1 400"), status
     assert headers["content-type"] == PROBLEM_MEDIA_TYPE
     assert int(headers["content-length"]) == len(body)
@@ -64,7 +48,7 @@ def test_malformed_http_is_a_400_problem(
     assert problem["type"] == "urn:repack:problem:malformed-http"
     assert "HTTP" in problem["detail"]
     # the server is still healthy for the next caller
-    status, _, _ = _exchange(
+    status, _, _ = exchange(
         server.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     assert status.startswith("HTTP/1.1 200"), status
@@ -84,7 +68,7 @@ def test_the_pure_python_protocol_answers_the_same(tmp_path: Path) -> None:
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline
             time.sleep(0.02)
-        status, headers, body = _exchange(
+        status, headers, body = exchange(
             f"http://{settings.host}:{settings.port}", b"GARBAGE\r\n\r\n"
         )
     finally:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import select
-import socket
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -18,7 +16,7 @@ from api.http_protocol import MAX_HEAD_BYTES
 from api.problems import PROBLEM_MEDIA_TYPE
 from api.server import ServerThread
 from tests.api.conftest import ServerFactory, small_request
-from tests.api.test_malformed_http import _exchange
+from tests.api.raw_http import connect, exchange, parse_response, read_all
 
 
 @pytest.fixture
@@ -28,9 +26,7 @@ def server(tmp_path: Path, start_server: ServerFactory) -> ServerThread:
 
 def _streamed_head(url: str, header_bytes: int) -> tuple[str, dict[str, str], bytes]:
     """One header of ``header_bytes`` sent in 64 KB pieces, stopping when the server closes."""
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
+    with connect(url) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
         piece = b"y" * 65536
         try:
@@ -42,16 +38,7 @@ def _streamed_head(url: str, header_bytes: int) -> tuple[str, dict[str, str], by
                 s.sendall(b"\r\n\r\n")
         except OSError:
             pass  # closed by the server mid-head: its answer is already in the buffer
-        data = b""
-        try:
-            while chunk := s.recv(65536):
-                data += chunk
-        except ConnectionResetError:
-            pass
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-    return status, headers, body
+        return parse_response(read_all(s))
 
 
 def test_an_oversized_head_is_a_431_problem(server: ServerThread) -> None:
@@ -63,7 +50,7 @@ def test_an_oversized_head_is_a_431_problem(server: ServerThread) -> None:
     assert problem["status"] == 431
     assert problem["type"] == "urn:repack:problem:headers-too-large"
     assert str(MAX_HEAD_BYTES) in problem["detail"]
-    status, _, _ = _exchange(
+    status, _, _ = exchange(
         server.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     )
     assert status.startswith("HTTP/1.1 200"), status
@@ -76,7 +63,7 @@ def test_a_head_just_under_the_limit_is_served(server: ServerThread) -> None:
         + filler
         + b"\r\nConnection: close\r\n\r\n"
     )
-    status, _, body = _exchange(server.url, raw)
+    status, _, body = exchange(server.url, raw)
     assert status.startswith("HTTP/1.1 200"), status
     assert json.loads(body)["status"] == "ok"
 
@@ -93,6 +80,6 @@ def test_a_large_body_sent_with_its_head_in_one_write_is_not_counted(server: Ser
         b"POST /v1/plans HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
         b"Connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
-    status, _, body_out = _exchange(server.url, raw)
+    status, _, body_out = exchange(server.url, raw)
     assert status.startswith("HTTP/1.1 422"), status  # the body was read, then refused
     assert json.loads(body_out)["errors"][0]["location"].startswith("body")

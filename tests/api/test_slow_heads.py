@@ -7,16 +7,15 @@ uvicorn, raw sockets, a 1 s limit."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from api.problems import PROBLEM_MEDIA_TYPE
 from api.server import ServerThread
 from tests.api.conftest import ServerFactory
+from tests.api.raw_http import connect, parse_response, read_all
 
 LIMIT_S = 1.0
 
@@ -24,23 +23,6 @@ LIMIT_S = 1.0
 @pytest.fixture
 def server(tmp_path: Path, start_server: ServerFactory) -> ServerThread:
     return start_server(f"sqlite:///{tmp_path / 'plans.db'}", head_timeout_s=LIMIT_S)
-
-
-def _connect(url: str) -> socket.socket:
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    s = socket.create_connection((parts.hostname, parts.port), timeout=30)
-    return s
-
-
-def _answer(s: socket.socket) -> tuple[str, dict[str, str], bytes]:
-    data = b""
-    while chunk := s.recv(65536):
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-    return status, headers, body
 
 
 def _assert_timeout_problem(status: str, headers: dict[str, str], body: bytes) -> None:
@@ -53,16 +35,16 @@ def _assert_timeout_problem(status: str, headers: dict[str, str], body: bytes) -
 
 
 def test_a_connection_that_sends_nothing_is_closed_with_a_408(server: ServerThread) -> None:
-    with _connect(server.url) as s:
+    with connect(server.url) as s:
         started = time.monotonic()
-        answer = _answer(s)
+        answer = parse_response(read_all(s))
         waited = time.monotonic() - started
     _assert_timeout_problem(*answer)
     assert LIMIT_S * 0.9 <= waited < 20
 
 
 def test_a_head_dribbled_a_byte_at_a_time_is_closed_with_a_408(server: ServerThread) -> None:
-    with _connect(server.url) as s:
+    with connect(server.url) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         s.settimeout(0.2)
         data = b""
@@ -79,10 +61,7 @@ def test_a_head_dribbled_a_byte_at_a_time_is_closed_with_a_408(server: ServerThr
             if not chunk:
                 break
             data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-    _assert_timeout_problem(status, headers, body)
+    _assert_timeout_problem(*parse_response(data))
 
 
 def test_a_kept_alive_connection_idle_between_requests_is_not_timed_out(
@@ -90,7 +69,7 @@ def test_a_kept_alive_connection_idle_between_requests_is_not_timed_out(
 ) -> None:
     """The limit runs while a head arrives, not between requests (uvicorn's keep-alive, 5 s,
     closes idle connections): a second request after 1.5 x the limit is served."""
-    with _connect(server.url) as s:
+    with connect(server.url) as s:
         for close in (False, True):
             header = b"Connection: close\r\n" if close else b""
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n")
@@ -98,6 +77,6 @@ def test_a_kept_alive_connection_idle_between_requests_is_not_timed_out(
                 data = s.recv(65536)
                 assert data.startswith(b"HTTP/1.1 200"), data[:100]
                 time.sleep(1.5 * LIMIT_S)
-        status, _, body = _answer(s)
+        status, _, body = parse_response(read_all(s))
     assert status.startswith("HTTP/1.1 200"), status
     assert json.loads(body)["status"] == "ok"
