@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from solver.bin_completion import complete_bins, too_many_samples
+from solver.bin_completion import WORK_LIMIT, complete_bins, too_many_samples
 from solver.budget import Budget
 from solver.critical import first_max
 from solver.errors import InfeasibleRequestError
@@ -40,6 +40,14 @@ RECEIVERS = 4
 
 SWAP_CANDIDATES = 6
 """Lighter samples of a receiver tried against each heavy sample of the critical parent."""
+
+SPECULATIVE_FILL_WORK = 1 << 27
+"""``complete_bins``' work cap for a speculative membership (``balance(exhaustive=False)``):
+the node-level cap (``node_packing.NODE_WORK_LIMIT``), 1/32 of the cap of a membership the
+request cannot do without. A candidate tiling of many narrow parents on a step full to 99.7%
+(256 GPUs of 32-GPU nodes, 906 samples, 16,384 tokens per rank; the 2026-12-07 evening fuzz)
+spent its full cap, ~0.8 s, and then CP-SAT's 0.2 deterministic s, on two tilings that were
+not found: 2.5 s of `repack+sizing`'s CPU."""
 
 IMPROVEMENT_EPS = 1e-12
 """Relative improvement below which a move is not taken (guards float noise cycles)."""
@@ -341,13 +349,18 @@ def balance(
     repack_caps: Sequence[int] | None = None,
     fill: bool = True,
     fill_price: Mapping[int, float] | None = None,
+    exhaustive: bool = True,
 ) -> list[list[int]]:
     """Members of each parent (in index order), improved from ``start`` or built greedily;
     the local search stops after ``evals`` evaluations or when ``clock`` runs out. With
     ``repack_caps`` (objective ``repack``), a parent holding more tokens than its cap is
     costed unrepacked: its samples cannot be packed node-locally. Where the greedy runs out of
     memory, the parents filled to the token are the start (``fill``; else it raises).
-    ``fill_price``: the greedy counts free memory as filled at that price (``fill_prices``)."""
+    ``fill_price``: the greedy counts free memory as filled at that price (``fill_prices``).
+    ``exhaustive=False`` (a speculative membership the caller can do without, a candidate
+    tiling's): the fill to the token stops at the node-level bin completion's work cap
+    (``SPECULATIVE_FILL_WORK``) and never asks CP-SAT (``packing_search``); it raises
+    ``InfeasibleRequestError`` where those give up."""
     if objective == "tokens" and start is None and evals == 0 and len(set(sizes)) == 1:
         lpt = _lpt_by_tokens(problem, sizes[0], len(sizes))
         if lpt is not None:
@@ -369,7 +382,12 @@ def balance(
             if start is None:  # few samples, each a large share of a parent
                 start = first_fit_decreasing(problem, samples, capacities)
             if start is None:  # a few samples per parent, full to the token
-                start = complete_bins(problem, samples, capacities, clock)
+                work = WORK_LIMIT if exhaustive else SPECULATIVE_FILL_WORK
+                start = complete_bins(problem, samples, capacities, clock, work)
+            if start is None and not exhaustive:
+                raise InfeasibleRequestError(
+                    "lengths", "no fill to the token within its cap"
+                ) from None
             if start is None:  # only exact partitions fit (``packing_search``)
                 found = search_packing(problem, samples, capacities, clock)
                 if found.proven_infeasible:

@@ -515,7 +515,7 @@ def _rebalanced(
     upstream membership, and LPT from scratch (which may not fit a loader's packed memory)."""
     out = [balance(problem, sizes, "baseline", start=members, clock=budget)]
     with contextlib.suppress(InfeasibleRequestError):  # a loader's packing may be tighter
-        out.append(balance(problem, sizes, "baseline", clock=budget))
+        out.append(balance(problem, sizes, "baseline", clock=budget, exhaustive=False))
     seeded = node_seed(problem, sizes, budget, repack=False)  # LPT by work, exact moves
     if seeded is not None:
         out.append(seeded[0])

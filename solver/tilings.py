@@ -136,7 +136,9 @@ def tiling_memberships(problem: Problem, sizes: list[int], budget: Budget) -> li
             balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget, fill=False),
         ]
     with contextlib.suppress(InfeasibleRequestError):  # no fill to the token found either
-        out.append(balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget))
+        out.append(
+            balance(problem, sizes, "baseline", evals=TILING_EVALS, clock=budget, exhaustive=False)
+        )
     if len(sizes) > problem.cost.world_size // problem.cost.gpus_per_node or budget.expired():
         return out
     seeded = node_seed(problem, sizes, budget, repack=False)
