@@ -27,7 +27,14 @@ from solver.problem import Problem
 
 REPACK_TRIES = 400
 """Node re-packs per request at the full work budget (``Budget.move_evals``), about 0.2 ms
-each on a 32-GPU request."""
+each on a 32-GPU request; a node of more than ``REPACK_SAMPLES`` samples is charged one more
+try per ``REPACK_SAMPLES`` (``_charge``)."""
+REPACK_SAMPLES = 128
+"""Samples of a node re-pack charged as one try: a re-pack costs about its sample count (an
+LPT), so a node of many short samples is charged as many re-packs. Charged per try, 24 GPUs of
+three 8-rank parents with 1,284 samples (~430 a node; the 2026-12-07 evening fuzz) spent 2.2 s
+of CPU here, 10x a hunted 32-GPU step's; the hunted steps' nodes hold up to ~90 samples, so
+they are charged as before."""
 IMPROVEMENT = 1e-9
 """Relative drop of the critical parent a move must reach (float noise is not a gain)."""
 SMALL_WORLD = 32
@@ -41,6 +48,11 @@ with them, for ~0.16 s more CPU (0.30 -> 0.46 s; a hunt, 2026-12-06 night)."""
 def repacks_nodes(problem: Problem, sizes: list[int]) -> bool:
     """Whether a layout of parents ``sizes`` is finished by these moves."""
     return problem.cost.world_size <= SMALL_WORLD or small_request(problem, sizes)
+
+
+def _charge(members: list[int]) -> int:
+    """Tries one node re-pack of ``members`` is charged (``REPACK_SAMPLES``)."""
+    return -(-len(members) // REPACK_SAMPLES)
 
 
 def _nodes(problem: Problem, parent: Parent) -> dict[int, list[Child]]:
@@ -75,8 +87,8 @@ def _move(problem: Problem, parent: Parent, tries: list[int], limit: int) -> Par
                 continue
             if tries[0] >= limit:
                 return None
-            tries[0] += 1
             members = [s for c in kids for s in c.samples] + [a]
+            tries[0] += _charge(members)
             start = min(c.start for c in kids)
             ranks = sum(c.size for c in kids)
             packed = children_of_segment(problem, start, ranks, members, parent.size)
@@ -124,8 +136,8 @@ def _busiest_move(problem: Problem, parent: Parent, tries: list[int], limit: int
                 continue
             if tries[0] >= limit:
                 return None
-            tries[0] += 1
             members = [s for c in kids for s in c.samples] + [a]
+            tries[0] += _charge(members)
             start = min(c.start for c in kids)
             packed = children_of_segment(
                 problem, start, sum(c.size for c in kids), members, parent.size

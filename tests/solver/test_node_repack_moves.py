@@ -53,3 +53,32 @@ def test_no_move_leaves_the_layout_as_it_was() -> None:
     problem = Problem.from_request(request)
     _, layout = layout_of(request, "baseline")
     assert repack_moves(problem, layout, Budget(60_000)) is layout
+
+
+def test_a_node_of_many_samples_is_charged_by_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-pack costs about its node's sample count (an LPT). Charged one try each, 24 GPUs
+    of three 8-rank parents with 1,284 samples (~430 a node; the 2026-12-07 evening fuzz)
+    re-packed ~170,000 samples, 2.2 s of `repack+sizing`'s CPU; charged by size, the moves'
+    re-packs stay within ``REPACK_TRIES`` nodes of ``REPACK_SAMPLES`` samples (plus the one
+    that crosses the limit)."""
+    import solver.node_repack_moves as moves
+
+    request = PlanRequest.model_validate(
+        json.loads((DATA / "fuzz-3x8-packed-1284.json").read_text())
+    )
+    problem = Problem.from_request(request)
+    _, layout = layout_of(request, "repack+sizing")  # parents wider than a node
+    packed: list[int] = []
+    real = moves.children_of_segment
+
+    def counted(problem: Problem, start: int, ranks: int, members: list[int], *rest: int) -> object:
+        packed.append(len(members))
+        return real(problem, start, ranks, members, *rest)
+
+    monkeypatch.setattr(moves, "children_of_segment", counted)
+    repack_moves(problem, layout, Budget(600_000))
+    assert packed, "the critical parent's nodes were not re-packed"
+    assert max(packed) > moves.REPACK_SAMPLES  # the case charged more than one try
+    budget = moves.REPACK_TRIES * moves.REPACK_SAMPLES
+    # a try may pack the home node without the sample too (``_busiest_move``): twice at most
+    assert sum(packed) <= 2 * (budget + max(packed))
