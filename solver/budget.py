@@ -33,6 +33,26 @@ def work_scale(deadline_ms: float) -> float:
     return min(1.0, max(MIN_WORK_SCALE, deadline_ms / DEFAULT_DEADLINE_MS))
 
 
+class WorkPool:
+    """Work shared by several runs of the same stages within one step of a solve: each stage
+    (by name) may spend ``calls`` times its own per-run limit in all. A run gets the smaller
+    of its limit and what is left (``cap``) and reports what it used (``charge``); where the
+    runs end early, as on small requests, the pool never binds and every run is as before."""
+
+    def __init__(self, calls: float) -> None:
+        self.calls = calls
+        self._spent: dict[str, int] = {}
+
+    def cap(self, name: str, limit: int) -> int:
+        return min(limit, max(0, math.floor(limit * self.calls) - self._spent.get(name, 0)))
+
+    def charge(self, name: str, work: int) -> None:
+        self._spent[name] = self._spent.get(name, 0) + work
+
+    def spent(self, name: str) -> int:
+        return self._spent.get(name, 0)
+
+
 class Budget:
     """Deterministic work limits plus the wall-clock safety net of one solve.
 

@@ -27,7 +27,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
-from solver.budget import Budget
+from solver.budget import Budget, WorkPool
 from solver.cost_model import ceil_div, child_layer_seconds
 from solver.critical import first_max
 from solver.layout import Child, Layout, Parent
@@ -561,11 +561,18 @@ class _Swaps:
         )
 
 
-def swap_children(problem: Problem, layout: Layout, budget: Budget, within: bool = False) -> Layout:
+def swap_children(
+    problem: Problem,
+    layout: Layout,
+    budget: Budget,
+    within: bool = False,
+    pool: WorkPool | None = None,
+) -> Layout:
     """``layout`` with samples exchanged between children while the critical parent gets
     faster, within the request's deterministic share of ``SWAP_WORK`` (more for large
     memory-tight requests, ``SWAP_WORLD``); the same layout when no swap helps. ``within``:
-    exchanges only between children of the critical parent (mode ``repack``: membership kept)."""
+    exchanges only between children of the critical parent (mode ``repack``: membership kept).
+    ``pool``: the tries are also drawn from it (several layouts finished for one answer)."""
     swaps = _Swaps(problem, layout, within)
     scale = 1
     if problem.fill >= TIGHT_FILL:
@@ -573,9 +580,13 @@ def swap_children(problem: Problem, layout: Layout, budget: Budget, within: bool
     if problem.cost.world_size <= SMALL_WORLD:
         scale = max(scale, SMALL_SWAP_SCALE)
     limit = budget.move_evals(SWAP_WORK * scale)
+    if pool is not None:
+        limit = pool.cap("child_swaps", limit)
     changed = False
     while swaps.tries < limit and not budget.expired():
         if not swaps.step(limit):
             break
         changed = True
+    if pool is not None:
+        pool.charge("child_swaps", swaps.tries)
     return swaps.layout() if changed else layout

@@ -17,7 +17,7 @@ children as they are can do.
 
 from __future__ import annotations
 
-from solver.budget import Budget
+from solver.budget import Budget, WorkPool
 from solver.cost_model import child_layer_seconds
 from solver.critical import first_max
 from solver.layout import Child, Layout, Parent, parent_time
@@ -157,11 +157,26 @@ def _busiest_move(problem: Problem, parent: Parent, tries: list[int], limit: int
     return None
 
 
-def repack_moves(problem: Problem, layout: Layout, budget: Budget) -> Layout:
+def repack_moves(
+    problem: Problem, layout: Layout, budget: Budget, pool: WorkPool | None = None
+) -> Layout:
     """``layout`` with node re-packing moves inside its critical parent while it gets faster
-    (membership and parent sizes kept); the same object when no move helps."""
+    (membership and parent sizes kept); the same object when no move helps. ``pool``: the
+    tries are also drawn from it."""
     limit = budget.move_evals(REPACK_TRIES)
+    if pool is not None:
+        limit = pool.cap("node_repack_moves", limit)
     tries = [0]
+    try:
+        return _repacked(problem, layout, budget, limit, tries)
+    finally:
+        if pool is not None:
+            pool.charge("node_repack_moves", tries[0])
+
+
+def _repacked(
+    problem: Problem, layout: Layout, budget: Budget, limit: int, tries: list[int]
+) -> Layout:
     out = list(layout)
     changed = False
     while tries[0] < limit and not budget.expired():

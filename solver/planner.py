@@ -26,7 +26,7 @@ from solver.bounds import (
     reported_bound,
     sizes_bound,
 )
-from solver.budget import DEFAULT_DEADLINE_MS, Budget, work_scale
+from solver.budget import DEFAULT_DEADLINE_MS, Budget, WorkPool, work_scale
 from solver.child_swaps import swap_children
 from solver.children import (
     ChildrenSolution,
@@ -73,6 +73,15 @@ TIGHT_ROUNDS = 3
 (``_searched_further``)."""
 FURTHER_SCALE = 1.0
 """LNS budget multiple of those rounds (the first round has the mode's ``search_scale``)."""
+FINISH_POOL = 2.0
+"""Mode ``repack``'s answer finishes several layouts of one membership (the polished children
+and, on small requests, every node-stage seed; ``_fixed_best``): their child swaps and node
+re-packs share this many times one finish's limits (``budget.WorkPool``). On few-sample steps
+each finish ends far short of its limit (the 16-GPU bench: the swaps of a whole request used
+at most 0.56 of one), so all are finished as before; on many-sample ones each used its whole
+limit, up to 7x in all: 16 GPUs, one 16-rank parent, 277 samples at 90% (2026-12-07 evening
+fuzz) took 1.0 s of CPU in mode ``repack`` and 1.5 s in `repack+parent`, 32 GPUs of 4-GPU nodes,
+358 samples, 3.0 s in `repack+sizing`."""
 ROUNDS_MAX_RANKS = 128
 """Widest cluster that gets them: on packed 256-GPU steps they gained 0.02-0.09% for ~200 ms
 of CPU (at 128 GPUs 0-0.58% for ~150 ms, at 64 GPUs up to 1.6%)."""
@@ -214,7 +223,8 @@ def _fixed_best(
         candidates += layouts
     elif layouts:
         candidates.append(min(layouts, key=lambda c: c.evaluation.step_s))
-    finished = [_swapped_and_resized(problem, c, budget) for c in _distinct(candidates)]
+    pool = WorkPool(FINISH_POOL)
+    finished = [_swapped_and_resized(problem, c, budget, pool) for c in _distinct(candidates)]
     return min(finished, key=lambda c: c.evaluation.step_s)  # ties: the polished children
 
 
@@ -230,21 +240,22 @@ def _distinct(candidates: list[ChildrenSolution]) -> list[ChildrenSolution]:
 
 
 def _swapped_and_resized(
-    problem: Problem, fixed: ChildrenSolution, budget: Budget
+    problem: Problem, fixed: ChildrenSolution, budget: Budget, pool: WorkPool
 ) -> ChildrenSolution:
     """``fixed`` finished by the child swaps within parents and per-node child sizes
-    (``node_child_sizes``); as it was where it already meets its parents' bounds."""
+    (``node_child_sizes``); as it was where it already meets its parents' bounds. The swaps
+    and node re-packs draw from ``pool``, shared by the layouts finished for one answer."""
     if budget.expired() or fixed.evaluation.step_s <= max(fixed.parent_bounds):
         return fixed
-    swapped = swap_children(problem, fixed.layout, budget, within=True)
+    swapped = swap_children(problem, fixed.layout, budget, within=True, pool=pool)
     if swapped is not fixed.layout:
         evaluation = evaluate(swapped, problem.cost, problem.costs)
         if evaluation.step_s < fixed.evaluation.step_s:
             fixed = ChildrenSolution(swapped, evaluation, fixed.parent_bounds)
     if repacks_nodes(problem, [par.size for par in fixed.layout]) and not budget.expired():
-        moved = repack_moves(problem, fixed.layout, budget)
+        moved = repack_moves(problem, fixed.layout, budget, pool)
         if moved is not fixed.layout:
-            moved = swap_children(problem, moved, budget, within=True)
+            moved = swap_children(problem, moved, budget, within=True, pool=pool)
             evaluation = evaluate(moved, problem.cost, problem.costs)
             if evaluation.step_s < fixed.evaluation.step_s:
                 fixed = ChildrenSolution(moved, evaluation, fixed.parent_bounds)

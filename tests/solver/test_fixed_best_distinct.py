@@ -7,7 +7,7 @@ import pytest
 
 import solver.planner as planner
 from bench.hunt_reference import wide_packed
-from solver.budget import Budget
+from solver.budget import Budget, WorkPool
 from solver.children import ChildrenSolution
 from solver.layout import Parent
 from solver.problem import Problem
@@ -17,9 +17,11 @@ def test_each_layout_is_finished_once(monkeypatch: pytest.MonkeyPatch) -> None:
     finished: list[tuple[Parent, ...]] = []
     real = planner._swapped_and_resized
 
-    def counting(problem: Problem, fixed: ChildrenSolution, budget: Budget) -> ChildrenSolution:
+    def counting(
+        problem: Problem, fixed: ChildrenSolution, budget: Budget, pool: WorkPool
+    ) -> ChildrenSolution:
         finished.append(fixed.layout)
-        return real(problem, fixed, budget)
+        return real(problem, fixed, budget, pool)
 
     monkeypatch.setattr(planner, "_swapped_and_resized", counting)
     # a packed 16-GPU step of one 16-rank parent whose polished children are one of the

@@ -28,7 +28,7 @@ def test_a_node_packed_again_takes_what_no_swap_could(monkeypatch: pytest.Monkey
         json.loads((DATA / "hunt-4x8-two-parents-16-3010.json").read_text())
     )
     problem = Problem.from_request(request)
-    monkeypatch.setattr(planner, "repack_moves", lambda problem, layout, budget: layout)
+    monkeypatch.setattr(planner, "repack_moves", lambda problem, layout, budget, pool: layout)
     _, layout = layout_of(request, "repack")
     swapped = swap_children(problem, layout, Budget(60_000), within=True)
     before = evaluate(swapped, problem.cost, problem.costs).step_s
