@@ -88,3 +88,16 @@ def test_a_floor_no_membership_can_beat_leaves_nothing_found() -> None:
     # Just above the greedy children's own time: a layout under it is found.
     found = solver.planner._faster(problem, sized, None, budget, step * 1.001)
     assert found is not None and found.evaluation.step_s < step * 1.001
+
+
+def test_the_floor_leaves_mode_sizing_s_own_sizing_to_its_whole_range() -> None:
+    """192 GPUs of 16-GPU nodes, six 32-rank loader parents, 3,498 samples at 90% (the
+    2026-12-07 evening fuzz; over 3,000 samples, so ``early`` is solved): the sized layouts'
+    first objective is mode ``sizing``'s own, and cut at ``repack+parent``'s time its
+    bisection took other targets: ``repack+sizing`` 1,037.3 ms against mode ``sizing``'s
+    1,029.6 (+0.75%), breaking "never slower than ``sizing``"."""
+    data = Path(__file__).parent / "data" / "fuzz-12x16-packed-3498.json"
+    request = PlanRequest.model_validate_json(data.read_text())
+    sized = plan(request.model_copy(update={"mode": "sizing"}), 600_000)
+    both = plan(request.model_copy(update={"mode": "repack+sizing"}), 600_000)
+    assert both.metrics.step_time_ms <= sized.metrics.step_time_ms * (1 + 1e-9)
